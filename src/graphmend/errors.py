@@ -1,0 +1,30 @@
+"""User-facing errors.
+
+Every problem caused by the user's input (a missing file, a factory that
+raises, an unsupported torch) is a :class:`GraphmendError`. The CLI prints its
+message as one line and exits with status 2; ``--debug`` shows the traceback.
+Anything else that escapes is a bug in graphmend.
+"""
+
+from __future__ import annotations
+
+
+class GraphmendError(Exception):
+    """A problem with what the user handed graphmend; the message is one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TargetError(GraphmendError):
+    """The target cannot be loaded, built, or run eagerly."""
+
+
+class UnsupportedEnvironment(GraphmendError):
+    """The installed torch or Python is outside the supported range."""
