@@ -1,0 +1,26 @@
+# graphmend developer commands. `make demo` and `make test` set up .venv first
+# when it is missing (or when the dependency files changed).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.graphmend-installed
+
+.PHONY: setup demo test fuzz clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -e '.[dev,zoo]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/graphmend explain demo; test $$? -le 1
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,130 @@
+"""The ``graphmend`` command line.
+
+Exit codes, like a linter: 0 nothing to report, 1 breaks found, 2 usage or
+target error (one line on stderr, no traceback unless ``--debug``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from . import __version__
+from .errors import GraphmendError
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
+
+
+def _target_help() -> str:
+    return "file.py:factory, package.module:factory, demo, or zoo:NAME (see `graphmend zoo`)"
+
+
+def cmd_explain(ns: argparse.Namespace) -> int:
+    from .compat import check_environment
+    from .explain import explain_target
+    from .targets import load_target
+
+    check_environment()
+    # The model's own prints go to stderr under --json so stdout stays valid JSON.
+    redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
+    with redirect:
+        target = load_target(ns.target)
+        report = explain_target(target, calls=ns.calls, grad=ns.grad)
+    if ns.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from .render import render_explain
+
+        render_explain(report)
+    return EXIT_FOUND if report.breaks or report.gave_up else EXIT_CLEAN
+
+
+def cmd_zoo(ns: argparse.Namespace) -> int:
+    from . import zoo
+
+    rows = list(zoo.ROWS.values())
+    if ns.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "target": f"zoo:{r.name}",
+                        "paper_models": list(r.paper_models),
+                        "categories": r.categories,
+                        "scope": r.scope,
+                        "paper_before": r.paper_before,
+                        "paper_fix_rate": r.paper_fix_rate,
+                        "rules": r.rules,
+                        "note": r.note,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return EXIT_CLEAN
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="graphmend zoo: offline rows of the paper's Table 2", title_justify="left")
+    table.add_column("target", no_wrap=True)
+    table.add_column("stands for (Table 2)")
+    table.add_column("categories")
+    table.add_column("paper breaks / fix")
+    table.add_column("rules")
+    for r in rows:
+        paper = "-" if r.paper_before is None else f"{r.paper_before} / {r.paper_fix_rate}%"
+        table.add_row(f"zoo:{r.name}", ", ".join(r.paper_models), r.categories, paper, r.rules)
+    Console().print(table)
+    return EXIT_CLEAN
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphmend",
+        description="Find and fix torch.compile graph breaks by rewriting source.",
+    )
+    parser.add_argument("--version", action="version", version=f"graphmend {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("explain", help="list every graph break of a target, why, and which rule fixes it")
+    p.add_argument("target", help=_target_help())
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema in the README)")
+    p.add_argument("--calls", type=int, default=1, help="calls on the example inputs (default 1)")
+    p.add_argument("--grad", action="store_true", help="run with autograd enabled (default: no_grad)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("zoo", help="list the zoo: targets built from the paper's Table 2")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_zoo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(ns, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return func(ns)
+    except GraphmendError as exc:
+        if ns.debug:
+            traceback.print_exc()
+        print(f"graphmend: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("graphmend: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Run a target under TorchDynamo and collect every graph break.
+
+This is the measuring pass every other part of graphmend stands on. It
+compiles the target with a *counting backend* (each FX graph is recorded and
+run as plain Python, no Inductor), calls it on the example inputs, and reads
+every break from Dynamo's ``graph_breaks`` log artifact, which is complete
+where ``torch._dynamo.explain`` is not (it drops breaks that compiled no graph,
+see ``dynamo-behaviour.md`` section 10). Dynamo suppresses the traceback of a
+break it has already logged once in the process; discovery turns that
+suppression off for its own run so that every event carries its frame chain.
+
+The result is a :class:`Trace`: graphs (with op counts and compile ids),
+graphs per call, recompiles, and the raw :class:`BreakEvent` list. Turning
+events into user-facing sites with categories is ``sites.py``'s job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sysconfig
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Iterator
+
+import torch
+import torch._dynamo
+
+_GB_LINK = re.compile(r"/gb/gb(\d{4})\.html")
+_AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
+_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+)_at_\d+$")
+_REASON_PREFIXES = (
+    "Encountered graph break when attempting to trace",
+    "Failed to handle graph break gracefully",
+)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a break's user stack."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+
+@dataclass(frozen=True)
+class BreakEvent:
+    """One graph break as Dynamo logged it."""
+
+    file: str  # where Dynamo stopped tracing (may be inside logging/ or torch)
+    line: int
+    gb_id: str | None  # "GB0170"
+    gb_type: str  # "Data-dependent branching"
+    detail: str  # explanation and debug context, first lines
+    frames: tuple[Frame, ...]  # outermost -> innermost, from the compiled entry on
+    compile_id: str | None  # "frame/recompile" of the compile that broke
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    compile_id: str | None
+    ops: int  # call_function + call_method + call_module nodes
+
+
+@dataclass
+class Trace:
+    """What one discovery run observed."""
+
+    graphs: list[GraphInfo] = field(default_factory=list)
+    graphs_per_call: list[int] = field(default_factory=list)
+    events: list[BreakEvent] = field(default_factory=list)
+    recompiles: int = 0
+    seconds: float = 0.0
+    output: Any = None  # the compiled call's result on the first call
+
+    @property
+    def graph_count(self) -> int:
+        """Graphs compiled by the first call (the paper's measure)."""
+        return self.graphs_per_call[0] if self.graphs_per_call else len(self.graphs)
+
+
+@lru_cache(maxsize=1)
+def _gb_registry() -> dict[str, str]:
+    path = os.path.join(os.path.dirname(torch._dynamo.__file__), "graph_break_registry.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return {key: entries[0].get("Gb_type", "") for key, entries in data.items() if entries}
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if k in paths}
+    return tuple(sorted(dirs))
+
+
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+_STDLIB_DIRS = _stdlib_dirs()
+
+
+def is_library_internal(path: str) -> bool:
+    """True for torch's own files and the standard library (not site-packages)."""
+    real = os.path.realpath(path)
+    if real.startswith(_TORCH_DIR):
+        return True
+    if "site-packages" in real or "dist-packages" in real:
+        return False
+    return any(real.startswith(d) for d in _STDLIB_DIRS)
+
+
+def _function_name(raw: str) -> str:
+    match = _RESUME.match(raw)
+    return match.group("name") if match else raw
+
+
+def parse_event(message: str, compile_id: str | None, entry: tuple[str, str] | None) -> BreakEvent | None:
+    """Parse one ``graph_breaks`` log message; ``entry`` is the compiled
+    entry's (file, function), used to cut the frames above the compiled call."""
+    lines = message.splitlines()
+    if not lines:
+        return None
+    head = _AT.search(lines[0])
+    if head is None or "graph break" not in lines[0].lower():
+        return None
+    link = _GB_LINK.search(message)
+    gb_id = f"GB{link.group(1)}" if link else None
+    gb_type = _gb_registry().get(gb_id or "", "")
+    detail_lines: list[str] = []
+    frames: list[Frame] = []
+    in_tb = False
+    pending: tuple[str, int, str] | None = None
+    for raw in lines[1:]:
+        if raw.startswith("User code traceback:"):
+            in_tb = True
+            continue
+        if in_tb:
+            match = _FRAME.match(raw)
+            if match:
+                if pending:
+                    frames.append(Frame(pending[0], pending[1], pending[2], ""))
+                pending = (match["file"], int(match["line"]), _function_name(match["func"]))
+            elif pending and raw.strip() and set(raw.strip()) - set("^~ "):
+                frames.append(Frame(pending[0], pending[1], pending[2], raw.strip()))
+                pending = None
+            continue
+        text = raw.strip()
+        if text.startswith("Graph Break Reason:"):
+            text = text[len("Graph Break Reason:") :].strip()
+            if text.startswith(_REASON_PREFIXES):
+                continue
+        if text and not text.startswith(("Hint:", "For more details")):
+            detail_lines.append(text)
+    if pending:
+        frames.append(Frame(pending[0], pending[1], pending[2], ""))
+    if not gb_type and detail_lines:
+        gb_type = detail_lines[0]
+    if entry is not None:
+        for i, frame in enumerate(frames):
+            if (frame.file, frame.function) == entry:
+                frames = frames[i:]
+                break
+    return BreakEvent(
+        file=head["file"],
+        line=int(head["line"]),
+        gb_id=gb_id,
+        gb_type=gb_type,
+        detail="\n".join(detail_lines[:6]),
+        frames=tuple(frames),
+        compile_id=compile_id,
+    )
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.items: list[tuple[str, str | None]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            cid = torch._guards.CompileContext.current_compile_id()
+            self.items.append((record.getMessage(), str(cid) if cid is not None else None))
+        except Exception:  # a handler must never raise into Dynamo
+            pass
+
+
+@contextlib.contextmanager
+def _quiet_dynamo() -> Iterator[None]:
+    """Hold back Dynamo's own warnings (its hints about .item() and untraceable
+    builtins) while discovery runs; they describe the breaks discovery reports.
+    Left alone when the user asked for torch logs with TORCH_LOGS."""
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    log = logging.getLogger("torch._dynamo")
+    saved = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\._dynamo(\..*)?$")
+            yield
+    finally:
+        log.setLevel(saved)
+
+
+@contextlib.contextmanager
+def _graph_break_log() -> Iterator[_Collect]:
+    from torch._dynamo import symbolic_convert
+    from torch._dynamo import utils as dynamo_utils
+
+    log = symbolic_convert.graph_break_log
+    handler = _Collect()
+    saved = (log.level, log.propagate)
+    checker = dynamo_utils.graph_break_dup_warning_checker
+    had_add = "add" in vars(checker)
+    saved_add = vars(checker).get("add")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    log.addHandler(handler)
+    checker.add = lambda key: True  # log every event with its full user stack
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        if had_add:
+            checker.add = saved_add
+        else:
+            del checker.add
+
+
+def entry_of(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    """(file, function name) of the code Dynamo compiles first for ``fn``."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    target = getattr(target, "__func__", target)
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return None
+    return (code.co_filename, code.co_name)
+
+
+def _op_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+def trace_breaks(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    calls: int = 1,
+    grad: bool = False,
+    dynamic: bool | None = False,
+    inputs: list[tuple[tuple, dict]] | None = None,
+) -> Trace:
+    """Compile ``fn`` with a counting backend, call it, and collect every break.
+
+    ``inputs`` (a list of ``(args, kwargs)``) overrides ``args``/``kwargs`` and
+    ``calls``: each entry is one call, so inputs that take different branches
+    show the graphs each one adds. Exceptions raised by the compiled call
+    propagate (the caller decides whether that is the user's problem).
+    """
+    kwargs = kwargs or {}
+    calls_list = inputs if inputs is not None else [(args, kwargs)] * max(1, calls)
+    trace = Trace()
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        cid = torch._guards.CompileContext.current_compile_id()
+        trace.graphs.append(GraphInfo(str(cid) if cid is not None else None, _op_count(gm)))
+        return gm.forward
+
+    entry = entry_of(fn)
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    grad_ctx = torch.enable_grad if grad else torch.no_grad
+    try:
+        with _graph_break_log() as collected, _quiet_dynamo():
+            compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
+            for i, (a, k) in enumerate(calls_list):
+                before = len(trace.graphs)
+                with grad_ctx():
+                    out = compiled(*a, **k)
+                if i == 0:
+                    trace.output = out
+                trace.graphs_per_call.append(len(trace.graphs) - before)
+    finally:
+        trace.seconds = time.perf_counter() - start
+        torch._dynamo.reset()
+    seen_ids = set()
+    for g in trace.graphs:
+        if g.compile_id and g.compile_id not in seen_ids:
+            seen_ids.add(g.compile_id)
+            frame_id, _, recompile = g.compile_id.partition("/")
+            if recompile.split("_")[0].isdigit() and int(recompile.split("_")[0]) > 0:
+                trace.recompiles += 1
+    for message, cid in collected.items:
+        event = parse_event(message, cid, entry)
+        if event is not None:
+            trace.events.append(event)
+    return trace
+
+
+def innermost_user_frame(event: BreakEvent) -> Frame | None:
+    """The innermost frame outside torch and the standard library."""
+    for frame in reversed(event.frames):
+        if not is_library_internal(frame.file):
+            return frame
+    if not is_library_internal(event.file):
+        return Frame(event.file, event.line, "", "")
+    return None
+
+
+__all__ = [
+    "BreakEvent",
+    "Frame",
+    "GraphInfo",
+    "Trace",
+    "entry_of",
+    "innermost_user_frame",
+    "is_library_internal",
+    "parse_event",
+    "trace_breaks",
+]

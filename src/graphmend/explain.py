@@ -1,0 +1,140 @@
+"""``explain``: every graph break of a target, why, and which rule can fix it.
+
+The pipeline, top to bottom::
+
+    target --run eagerly--> ok? --trace_breaks--> Trace --group_sites--> sites
+           --> ExplainReport (graphs, breaks, sites, recompiles, warnings)
+
+``breaks`` is the paper's measure, ``max(0, graphs - 1)`` over the first call.
+It can exceed the number of sites: a break inside a callee splits the caller
+and, when the callee is then compiled as its own frame, the callee too.
+
+JSON schema (``ExplainReport.to_dict``, ``schema`` = 1)::
+
+    {
+      "schema": 1, "target": str, "torch": str,
+      "graphs": int,            # graphs compiled by the first call
+      "breaks": int,            # max(0, graphs - 1)
+      "graphs_per_call": [int], # new graphs on each call
+      "ops_per_graph": [int],
+      "recompiles": int,
+      "break_events": int,      # events in Dynamo's graph_breaks log
+      "gave_up": bool,          # graphs == 0: Dynamo skipped the whole frame
+      "seconds": float,
+      "categories": {CAT: int}, # sites per category
+      "warnings": [str],
+      "sites": [{"file", "path", "line", "function", "code", "category",
+                 "reason", "gb_id", "rule" (null when out of scope),
+                 "verdict", "events", "frames": [{"file","line","function","code"}]}]
+    }
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .discovery import Trace, trace_breaks
+from .sites import BreakSite, group_sites
+from .targets import Target, run_eager, target_from_objects
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class ExplainReport:
+    target: str
+    graphs: int
+    graphs_per_call: list[int]
+    ops_per_graph: list[int]
+    recompiles: int
+    break_events: int
+    seconds: float
+    sites: list[BreakSite] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def breaks(self) -> int:
+        return max(0, self.graphs - 1)
+
+    @property
+    def gave_up(self) -> bool:
+        return self.graphs == 0
+
+    @property
+    def categories(self) -> dict[str, int]:
+        return dict(Counter(s.category for s in self.sites))
+
+    @property
+    def fixable(self) -> list[BreakSite]:
+        return [s for s in self.sites if s.rule is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "target": self.target,
+            "torch": torch.__version__,
+            "graphs": self.graphs,
+            "breaks": self.breaks,
+            "graphs_per_call": list(self.graphs_per_call),
+            "ops_per_graph": list(self.ops_per_graph),
+            "recompiles": self.recompiles,
+            "break_events": self.break_events,
+            "gave_up": self.gave_up,
+            "seconds": round(self.seconds, 3),
+            "categories": self.categories,
+            "warnings": list(self.warnings),
+            "sites": [s.to_dict() for s in self.sites],
+        }
+
+
+def report_from_trace(name: str, trace: Trace) -> ExplainReport:
+    sites = group_sites(trace.events)
+    report = ExplainReport(
+        target=name,
+        graphs=trace.graph_count,
+        graphs_per_call=list(trace.graphs_per_call),
+        ops_per_graph=[g.ops for g in trace.graphs],
+        recompiles=trace.recompiles,
+        break_events=len(trace.events),
+        seconds=trace.seconds,
+        sites=sites,
+    )
+    if report.gave_up:
+        report.warnings.append(
+            "Dynamo compiled no graph: it gave up on the whole frame, so 0 breaks does not mean fixed"
+        )
+    elif report.graphs > 1 and not trace.events:
+        report.warnings.append(
+            f"{report.graphs} graphs but no break in Dynamo's log: the split has a cause graphmend cannot see"
+        )
+    if any(e.gb_id == "GB7000" for e in trace.events):
+        report.warnings.append(
+            "a break inside a for/while loop made Dynamo skip that frame (GB7000); "
+            "breaks hidden behind it appear once it is fixed"
+        )
+    if report.recompiles:
+        report.warnings.append(f"{report.recompiles} recompile(s) over the example calls")
+    return report
+
+
+def explain_target(
+    target: Target, *, calls: int = 1, grad: bool = False, dynamic: bool | None = False
+) -> ExplainReport:
+    """Explain a loaded target: run it eagerly (it must work), then trace it."""
+    run_eager(target)
+    trace = trace_breaks(
+        target.model, target.args, target.kwargs, calls=calls, grad=grad, dynamic=dynamic
+    )
+    return report_from_trace(target.name, trace)
+
+
+def explain(model_or_fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
+    """Every graph break of ``model_or_fn(*args, **kwargs)`` under torch.compile.
+
+    Returns an :class:`ExplainReport`; ``report.to_dict()`` gives the JSON form.
+    """
+    return explain_target(target_from_objects(model_or_fn, args, kwargs))

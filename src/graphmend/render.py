@@ -1,0 +1,87 @@
+"""Terminal rendering of reports with rich. Pure presentation: no analysis here."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .explain import ExplainReport
+from .sites import CATEGORIES, verdict_for
+
+_CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "DS", "UNSUP", "OTHER"]
+_RULE_STYLE = {"where": "cyan", "defer": "green", "trap": "magenta"}
+
+
+def _shorten(code: str, width: int = 70) -> str:
+    code = " ".join(code.split())
+    if "  #" in code or " # " in code:
+        code = code.split(" # ", 1)[0].rstrip()
+    return code if len(code) <= width else code[: width - 1] + "…"
+
+
+def summary_line(report: ExplainReport) -> str:
+    if report.gave_up:
+        head = f"{report.target}: 0 graphs - Dynamo gave up on the whole frame"
+    else:
+        head = f"{report.target}: {report.graphs} graphs, {report.breaks} breaks at {len(report.sites)} sites"
+    rules: dict[str, int] = {}
+    for s in report.fixable:
+        rules[s.rule] = rules.get(s.rule, 0) + 1  # type: ignore[index]
+    out = len(report.sites) - len(report.fixable)
+    parts = [head]
+    if report.sites:
+        fix = ", ".join(f"{r} {n}" for r, n in sorted(rules.items()))
+        parts.append(f"{len(report.fixable)} fixable" + (f" ({fix})" if fix else ""))
+        parts.append(f"{out} out of scope")
+    parts.append(f"{report.recompiles} recompiles")
+    parts.append(f"{report.seconds:.1f} s")
+    return " | ".join(parts)
+
+
+def render_explain(report: ExplainReport, console: Console | None = None) -> None:
+    console = console or Console()
+    if report.sites:
+        table = Table(title=f"graph breaks in {report.target}", title_justify="left", expand=False)
+        table.add_column("cat", no_wrap=True)
+        table.add_column("site", overflow="fold", ratio=3)
+        table.add_column("code", overflow="fold", ratio=3)
+        table.add_column("Dynamo reason", overflow="fold", ratio=2)
+        table.add_column("rule", no_wrap=True)
+        order = {c: i for i, c in enumerate(_CATEGORY_ORDER)}
+        sites = sorted(report.sites, key=lambda s: (order.get(s.category, 99), s.path, s.line))
+        previous = None
+        for site in sites:
+            if previous is not None and site.category != previous:
+                table.add_section()
+            previous = site.category
+            where = f"{site.path}:{site.line} in {site.function}"
+            if len(site.frames) > 1:
+                where += "\nvia " + " > ".join(f"{f.function}:{f.line}" for f in site.frames[:-1])
+            reason = site.reason + (f" ({site.gb_id})" if site.gb_id else "")
+            if site.events > 1:
+                reason += f"\n{site.events} events"
+            verdict = Text(site.rule or "out of scope", style=_RULE_STYLE.get(site.rule or "", "yellow"))
+            table.add_row(
+                Text(site.category, style="bold"),
+                where,
+                _shorten(site.code),
+                reason,
+                verdict,
+            )
+        console.print(table)
+        for cat in _CATEGORY_ORDER:
+            if cat in report.categories:
+                rule, verdict = verdict_for(cat)
+                console.print(Text(f"{cat}  {CATEGORIES[cat]}: {verdict}", style="dim"))
+    per_graph = ", ".join(str(n) for n in report.ops_per_graph)
+    console.print(
+        Text(
+            f"graphs per call {report.graphs_per_call}; ops per graph [{per_graph}]; "
+            f"{report.break_events} break events in Dynamo's log",
+            style="dim",
+        )
+    )
+    for warning in report.warnings:
+        console.print(Text("warning: " + warning, style="yellow"))
+    console.print(Text(summary_line(report), style="bold"))

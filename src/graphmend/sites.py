@@ -1,0 +1,249 @@
+"""From break events to break sites: where, what kind, and which rule.
+
+A *site* is one source line in user or library code where the graph splits.
+Several events can share a site: a logger call with tensor arguments makes
+Dynamo trace into ``logging`` and break four more times, all under the same
+user line, and a break inside a callee is logged again when that callee is
+compiled as its own frame. Each site gets a **category** from the Dynamo
+graph-break id, refined by the statement at the line, and a **verdict**: the
+rule that addresses it, or why it is out of scope.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+
+from .discovery import BreakEvent, Frame, innermost_user_frame, is_library_internal
+from .source import calls_in, dotted_name, header_expr, source_line, statement_at
+
+CATEGORIES: dict[str, str] = {
+    "DC": "data-dependent control flow",
+    "LC": "logging / print / warnings",
+    "VG": "validation guard (raise / assert on tensor values)",
+    "TI": ".item() / .tolist() / scalar conversion",
+    "DO": "data-dependent output shape",
+    "DS": "dynamic shape",
+    "UNSUP": "other unsupported call",
+    "OTHER": "other",
+}
+
+#: The rule that addresses each category (the paper's three rules).
+RULE_FOR: dict[str, str] = {"DC": "where", "LC": "defer", "VG": "trap"}
+
+OUT_OF_SCOPE: dict[str, str] = {
+    "TI": "a tensor becomes a Python number; torch can capture it with "
+    "torch._dynamo.config.capture_scalar_outputs=True, no source rule applies",
+    "DO": "the output shape depends on tensor values; torch can capture it with "
+    "torch._dynamo.config.capture_dynamic_output_shape_ops=True",
+    "DS": "a dynamic-shape limitation of Dynamo, not a source pattern",
+    "UNSUP": "a call Dynamo cannot trace; no rule rewrites it",
+    "OTHER": "not a pattern any rule addresses",
+}
+
+LOG_METHODS = frozenset(
+    {
+        "debug",
+        "info",
+        "warning",
+        "warn",
+        "error",
+        "exception",
+        "critical",
+        "fatal",
+        "log",
+        "warning_once",
+        "info_once",
+    }
+)
+
+_TI_IDS = {"GB0124", "GB0109"}
+_DO_IDS = {"GB0036"}
+_BRANCH_IDS = {"GB0170"}
+
+
+@dataclass
+class BreakSite:
+    """One place in source where the graph splits."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+    category: str
+    reason: str  # Dynamo's gb_type
+    gb_id: str | None
+    rule: str | None  # "where" / "defer" / "trap", or None when out of scope
+    verdict: str  # one line: what the rule will do, or why out of scope
+    events: int = 1
+    frames: list[Frame] = field(default_factory=list)  # entry -> site
+    detail: str = ""
+
+    @property
+    def path(self) -> str:
+        return display_path(self.file)
+
+    def to_dict(self) -> dict:
+        return {
+            "file": self.file,
+            "path": self.path,
+            "line": self.line,
+            "function": self.function,
+            "code": self.code,
+            "category": self.category,
+            "reason": self.reason,
+            "gb_id": self.gb_id,
+            "rule": self.rule,
+            "verdict": self.verdict,
+            "events": self.events,
+            "frames": [
+                {"file": f.file, "line": f.line, "function": f.function, "code": f.code}
+                for f in self.frames
+            ],
+        }
+
+
+def display_path(path: str) -> str:
+    """A short path: relative to site-packages for libraries, to cwd for user files."""
+    norm = path.replace(os.sep, "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in norm:
+            return norm.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _is_print(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Name) and call.func.id == "print"
+
+
+def is_side_effect_call(call: ast.Call) -> bool:
+    """print(...), warnings.warn(...), logger.<method>(...), logging.getLogger(...)."""
+    if _is_print(call):
+        return True
+    name = dotted_name(call.func)
+    if name is None:
+        return False
+    leaf = name.rsplit(".", 1)[-1]
+    if name in ("warnings.warn", "warn", "warnings.warn_explicit"):
+        return True
+    if leaf == "getLogger":
+        return True
+    return leaf in LOG_METHODS and "." in name
+
+
+def _raises_only(body: list[ast.stmt]) -> bool:
+    return bool(body) and all(isinstance(s, ast.Raise) for s in body)
+
+
+def _is_guard_if(node: ast.stmt) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    return _raises_only(node.body) or (bool(node.orelse) and _raises_only(node.orelse))
+
+
+def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
+    """The category of one event at its user statement."""
+    gb = event.gb_id or ""
+    gb_type = event.gb_type.lower()
+    head = header_expr(stmt) if stmt is not None else None
+    calls = calls_in(head) if head is not None else []
+    side_effect = any(is_side_effect_call(c) for c in calls)
+
+    if isinstance(stmt, ast.Assert):
+        return "VG"
+    if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
+        if _is_guard_if(stmt) if stmt is not None else False:
+            return "VG"
+        return "DC"
+    if any((dotted_name(c.func) or "").endswith("_assert") for c in calls) and gb == "GB0033":
+        return "VG"
+    if side_effect:
+        # A log/print call is the site even when the break is in its
+        # arguments (f"{t.item()}") or inside logging itself.
+        return "LC"
+    if gb in _TI_IDS or "item()" in gb_type or "tolist" in gb_type:
+        return "TI"
+    if gb == "GB0033" or "data dependent operator" in gb_type:
+        return "TI"
+    if gb in _DO_IDS or "dynamic shape operator" in gb_type:
+        return "DO"
+    if "dynamic" in gb_type or "data-dependent expression" in gb_type or "symbolic" in gb_type:
+        return "DS"
+    if gb in ("GB0007", "GB0059") or "skipped" in gb_type or "unsupported" in gb_type:
+        return "UNSUP"
+    return "OTHER"
+
+
+_VERDICT = {
+    "where": "[Where] predicate the branch with torch.where / torch.cond",
+    "defer": "[Defer] record in the graph, emit after the compiled call",
+    "trap": "[Trap] compute a flag in the graph, raise at the call boundary",
+}
+
+
+def verdict_for(category: str) -> tuple[str | None, str]:
+    rule = RULE_FOR.get(category)
+    if rule is not None:
+        return rule, _VERDICT[rule]
+    return None, "out of scope: " + OUT_OF_SCOPE.get(category, OUT_OF_SCOPE["OTHER"])
+
+
+_PRIORITY = ["VG", "DC", "LC", "TI", "DO", "DS", "UNSUP", "OTHER"]
+
+
+def _chain(event: BreakEvent, site: Frame) -> list[Frame]:
+    frames = [f for f in event.frames if not is_library_internal(f.file)]
+    out: list[Frame] = []
+    for f in frames:
+        out.append(f)
+        if (f.file, f.line) == (site.file, site.line):
+            break
+    return out
+
+
+def group_sites(events: list[BreakEvent]) -> list[BreakSite]:
+    """One site per (file, line) of the innermost user frame, in first-seen order."""
+    sites: dict[tuple[str, int], BreakSite] = {}
+    cats: dict[tuple[str, int], set[str]] = {}
+    for event in events:
+        frame = innermost_user_frame(event)
+        if frame is None:
+            frame = Frame(event.file, event.line, "", "")
+        key = (frame.file, frame.line)
+        stmt = statement_at(frame.file, frame.line)
+        category = classify(event, stmt)
+        if key in sites:
+            site = sites[key]
+            site.events += 1
+            cats[key].add(category)
+            chain = _chain(event, frame)
+            if len(chain) > len(site.frames):
+                site.frames = chain
+            continue
+        code = frame.code or source_line(frame.file, frame.line)
+        rule, verdict = verdict_for(category)
+        sites[key] = BreakSite(
+            file=frame.file,
+            line=frame.line,
+            function=frame.function,
+            code=code,
+            category=category,
+            reason=event.gb_type,
+            gb_id=event.gb_id,
+            rule=rule,
+            verdict=verdict,
+            frames=_chain(event, frame),
+            detail=event.detail,
+        )
+        cats[key] = {category}
+    for key, site in sites.items():
+        best = min(cats[key], key=_PRIORITY.index)
+        if best != site.category:
+            site.category = best
+            site.rule, site.verdict = verdict_for(best)
+    return list(sites.values())

@@ -1,0 +1,127 @@
+"""Reading Python source: parsed modules and the statement at a line.
+
+Shared by break classification (which statement broke?) and by the rewrite
+engine (which function holds it?). Parsed files are cached by path and
+modification time.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    path: str
+    text: str
+    tree: ast.Module
+
+
+@lru_cache(maxsize=256)
+def _parse(path: str, mtime: float) -> ParsedFile | None:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        text = raw.decode("utf-8")
+        return ParsedFile(path, text, ast.parse(text, filename=path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def parse_file(path: str) -> ParsedFile | None:
+    """The parsed file, or None when it cannot be read or parsed."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return None
+    return _parse(path, mtime)
+
+
+def source_line(path: str, line: int) -> str:
+    return linecache.getline(path, line).strip()
+
+
+_COMPOUND_HEADERS = {
+    ast.If: lambda n: n.test,
+    ast.While: lambda n: n.test,
+    ast.For: lambda n: n.iter,
+    ast.AsyncFor: lambda n: n.iter,
+    ast.With: lambda n: n.items[-1].context_expr,
+    ast.AsyncWith: lambda n: n.items[-1].context_expr,
+}
+
+
+def statement_at(path: str, line: int) -> ast.stmt | None:
+    """The innermost statement that owns ``line``.
+
+    For a compound statement (``if``, ``while``, ``for``, ``with``) a line in
+    its header returns the compound statement itself; a line in its body
+    descends into the body.
+    """
+    parsed = parse_file(path)
+    if parsed is None:
+        return None
+    return _find(parsed.tree.body, line)
+
+
+def _find(body: list[ast.stmt], line: int) -> ast.stmt | None:
+    for node in body:
+        end = getattr(node, "end_lineno", node.lineno) or node.lineno
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        if not (start <= line <= end):
+            continue
+        header = _COMPOUND_HEADERS.get(type(node))
+        if header is not None:
+            head = header(node)
+            if line <= (head.end_lineno or head.lineno):
+                return node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            children = getattr(node, field, None)
+            if children:
+                inner = _find(children, line)
+                if inner is not None:
+                    return inner
+        if isinstance(node, ast.ExceptHandler):
+            return None
+        return node
+    return None
+
+
+def enclosing_function(path: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The innermost function definition whose body contains ``line``."""
+    parsed = parse_file(path)
+    if parsed is None:
+        return None
+    best = None
+    for node in ast.walk(parsed.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
+                best = node
+    return best
+
+
+def header_expr(node: ast.stmt) -> ast.AST:
+    """The part of a statement evaluated before its body (all of a simple one)."""
+    header = _COMPOUND_HEADERS.get(type(node))
+    return header(node) if header is not None else node
+
+
+def calls_in(node: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
