@@ -13,7 +13,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from . import __version__
+from . import __version__  # noqa: F401  (used by --version)
 from .errors import GraphmendError
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_ERROR = 0, 1, 2

@@ -78,8 +78,14 @@ class Trace:
     graphs_per_call: list[int] = field(default_factory=list)
     events: list[BreakEvent] = field(default_factory=list)
     recompiles: int = 0
+    frames_skipped: int = 0  # frames Dynamo abandoned and ran eagerly
     seconds: float = 0.0
     output: Any = None  # the compiled call's result on the first call
+
+    @property
+    def entry_captured(self) -> bool:
+        """Whether any graph came from the first frame Dynamo saw (the entry)."""
+        return any((g.compile_id or "").startswith("0/") for g in self.graphs)
 
     @property
     def graph_count(self) -> int:
@@ -280,6 +286,9 @@ def trace_breaks(
         return gm.forward
 
     entry = entry_of(fn)
+    from torch._dynamo.utils import counters
+
+    frames_before = dict(counters["frames"])
     torch._dynamo.reset()
     start = time.perf_counter()
     grad_ctx = torch.enable_grad if grad else torch.no_grad
@@ -296,6 +305,10 @@ def trace_breaks(
     finally:
         trace.seconds = time.perf_counter() - start
         torch._dynamo.reset()
+    frames = counters["frames"]
+    total = frames.get("total", 0) - frames_before.get("total", 0)
+    ok = frames.get("ok", 0) - frames_before.get("ok", 0)
+    trace.frames_skipped = max(0, total - ok)
     seen_ids = set()
     for g in trace.graphs:
         if g.compile_id and g.compile_id not in seen_ids:

@@ -19,6 +19,7 @@ JSON schema (``ExplainReport.to_dict``, ``schema`` = 1)::
       "ops_per_graph": [int],
       "recompiles": int,
       "break_events": int,      # events in Dynamo's graph_breaks log
+      "frames_skipped": int,    # frames Dynamo abandoned and ran eagerly
       "gave_up": bool,          # graphs == 0: Dynamo skipped the whole frame
       "seconds": float,
       "categories": {CAT: int}, # sites per category
@@ -52,6 +53,7 @@ class ExplainReport:
     ops_per_graph: list[int]
     recompiles: int
     break_events: int
+    frames_skipped: int
     seconds: float
     sites: list[BreakSite] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -83,6 +85,7 @@ class ExplainReport:
             "ops_per_graph": list(self.ops_per_graph),
             "recompiles": self.recompiles,
             "break_events": self.break_events,
+            "frames_skipped": self.frames_skipped,
             "gave_up": self.gave_up,
             "seconds": round(self.seconds, 3),
             "categories": self.categories,
@@ -100,6 +103,7 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
         ops_per_graph=[g.ops for g in trace.graphs],
         recompiles=trace.recompiles,
         break_events=len(trace.events),
+        frames_skipped=trace.frames_skipped,
         seconds=trace.seconds,
         sites=sites,
     )
@@ -111,10 +115,15 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
         report.warnings.append(
             f"{report.graphs} graphs but no break in Dynamo's log: the split has a cause graphmend cannot see"
         )
-    if any(e.gb_id == "GB7000" for e in trace.events):
+    elif not trace.entry_captured:
         report.warnings.append(
-            "a break inside a for/while loop made Dynamo skip that frame (GB7000); "
-            "breaks hidden behind it appear once it is fixed"
+            "no graph covers the entry frame: Dynamo ran it eagerly (a break inside a "
+            "for/while loop does this, GB7000); the graphs come from frames it calls"
+        )
+    if trace.frames_skipped:
+        report.warnings.append(
+            f"Dynamo abandoned {trace.frames_skipped} frame(s) and ran them eagerly; "
+            "breaks hidden behind them appear once the visible ones are fixed"
         )
     if report.recompiles:
         report.warnings.append(f"{report.recompiles} recompile(s) over the example calls")

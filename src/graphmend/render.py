@@ -20,11 +20,18 @@ def _shorten(code: str, width: int = 70) -> str:
     return code if len(code) <= width else code[: width - 1] + "…"
 
 
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def summary_line(report: ExplainReport) -> str:
     if report.gave_up:
         head = f"{report.target}: 0 graphs - Dynamo gave up on the whole frame"
     else:
-        head = f"{report.target}: {report.graphs} graphs, {report.breaks} breaks at {len(report.sites)} sites"
+        head = (
+            f"{report.target}: {plural(report.graphs, 'graph')}, {plural(report.breaks, 'break')} "
+            f"at {plural(len(report.sites), 'site')}"
+        )
     rules: dict[str, int] = {}
     for s in report.fixable:
         rules[s.rule] = rules.get(s.rule, 0) + 1  # type: ignore[index]
@@ -34,7 +41,7 @@ def summary_line(report: ExplainReport) -> str:
         fix = ", ".join(f"{r} {n}" for r, n in sorted(rules.items()))
         parts.append(f"{len(report.fixable)} fixable" + (f" ({fix})" if fix else ""))
         parts.append(f"{out} out of scope")
-    parts.append(f"{report.recompiles} recompiles")
+    parts.append(plural(report.recompiles, "recompile"))
     parts.append(f"{report.seconds:.1f} s")
     return " | ".join(parts)
 
@@ -84,4 +91,4 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
     )
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
-    console.print(Text(summary_line(report), style="bold"))
+    console.print(Text(summary_line(report), style="bold"), soft_wrap=True)

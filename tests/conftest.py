@@ -1,0 +1,38 @@
+import os
+import sys
+
+import pytest
+import torch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+sys.path.insert(0, FIXTURES)
+
+
+def counting_graphs(model, args=(), kwargs=None, calls=1):
+    """Graphs compiled by a plain counting backend, independent of graphmend."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for _ in range(calls):
+            compiled(*args, **(kwargs or {}))
+    torch._dynamo.reset()
+    return len(graphs)
+
+
+@pytest.fixture
+def fixture_path():
+    return lambda name: os.path.join(FIXTURES, name)
+
+
+def has_transformers():
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
