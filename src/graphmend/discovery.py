@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._dynamo
 
+from . import runtime
+
 _GB_LINK = re.compile(r"/gb/gb(\d{4})\.html")
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
@@ -114,10 +116,14 @@ _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 _STDLIB_DIRS = _stdlib_dirs()
 
 
+_RUNTIME_FILE = os.path.realpath(os.path.join(os.path.dirname(__file__), "runtime.py"))
+
+
 def is_library_internal(path: str) -> bool:
-    """True for torch's own files and the standard library (not site-packages)."""
+    """True for torch's own files, graphmend's runtime, and the standard library
+    (not site-packages): a break there belongs to the user line that called it."""
     real = os.path.realpath(path)
-    if real.startswith(_TORCH_DIR):
+    if real.startswith(_TORCH_DIR) or real == _RUNTIME_FILE:
         return True
     if "site-packages" in real or "dist-packages" in real:
         return False
@@ -297,7 +303,9 @@ def trace_breaks(
             compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
             for i, (a, k) in enumerate(calls_list):
                 before = len(trace.graphs)
-                with grad_ctx():
+                # Inside a deferral region, as graphmend.compile calls it, so a
+                # mended function is measured the way it will run.
+                with grad_ctx(), runtime.region():
                     out = compiled(*a, **k)
                 if i == 0:
                     trace.output = out

@@ -1,0 +1,350 @@
+"""The rewrite engine: from a break site to new code installed in the running process.
+
+Small passes, each usable alone:
+
+``locate``   (file, line) -> the live function object(s) whose code holds the line
+``rewrite``  apply each site's rule to its statement in a fresh copy of the function's AST
+``build``    compile the new AST so the code object fits the original function
+             (same closure variables, the ``__class__`` cell for ``super()``,
+             class-private name mangling, the original file and line numbers)
+``install``  swap ``function.__code__`` in place, so every reference to the
+             function (class attributes, dispatch tables, ``from x import f``
+             copies) sees the new code; ``uninstall`` swaps it back.
+
+Nothing is written to disk: library code (transformers, ...) is mended in
+memory, its files untouched.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import gc
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from . import runtime
+from .rules import RUNTIME_NAME, Decline, RewriteContext, Rule
+from .source import parse_file
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass
+class Located:
+    """A function found live in the process, with its source."""
+
+    functions: list[types.FunctionType]  # every function object sharing the code
+    code: types.CodeType
+    node: FunctionNode  # a fresh copy of its definition, original line numbers
+    filename: str
+    namespace: dict[str, Any]
+
+    @property
+    def qualname(self) -> str:
+        return getattr(self.code, "co_qualname", self.code.co_name)
+
+
+@dataclass
+class Patch:
+    """One installed rewrite; enough to undo it exactly."""
+
+    located: Located
+    new_code: types.CodeType
+    original_code: types.CodeType
+    injected_runtime: bool
+    source: str = ""  # the rewritten function, for reports and debugging
+
+    def uninstall(self) -> None:
+        for fn in self.located.functions:
+            if fn.__code__ is self.new_code:
+                fn.__code__ = self.original_code
+        if self.injected_runtime and self.located.namespace.get(RUNTIME_NAME) is runtime:
+            still_used = any(
+                RUNTIME_NAME in (f.__code__.co_names)
+                for f in _module_functions(self.located.namespace)
+            )
+            if not still_used:
+                del self.located.namespace[RUNTIME_NAME]
+
+
+# --------------------------------------------------------------------------
+# locate
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):
+        return a == b
+
+
+def _unwrap_all(obj: Any) -> Iterable[types.FunctionType]:
+    seen = 0
+    while obj is not None and seen < 16:
+        if isinstance(obj, types.FunctionType):
+            yield obj
+        obj = getattr(obj, "__wrapped__", None)
+        seen += 1
+
+
+def _class_functions(cls: type, seen: set[int]) -> Iterable[types.FunctionType]:
+    if id(cls) in seen:
+        return
+    seen.add(id(cls))
+    for value in list(vars(cls).values()):
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            for accessor in (value.fget, value.fset, value.fdel):
+                yield from _unwrap_all(accessor)
+            continue
+        if isinstance(value, type) and value.__module__ == cls.__module__:
+            yield from _class_functions(value, seen)
+            continue
+        yield from _unwrap_all(value)
+
+
+def _module_functions(namespace: dict[str, Any]) -> Iterable[types.FunctionType]:
+    module_name = namespace.get("__name__")
+    seen: set[int] = set()
+    for value in list(namespace.values()):
+        if isinstance(value, type) and getattr(value, "__module__", None) == module_name:
+            yield from _class_functions(value, seen)
+        else:
+            yield from _unwrap_all(value)
+
+
+def _candidates(filename: str) -> list[types.FunctionType]:
+    found: list[types.FunctionType] = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and _same_file(path, filename):
+            found.extend(f for f in _module_functions(vars(module)) if _same_file(f.__code__.co_filename, filename))
+    if not found:  # classes built at run time, functions kept only in containers
+        found = [
+            o
+            for o in gc.get_objects()
+            if type(o) is types.FunctionType and _same_file(o.__code__.co_filename, filename)
+        ]
+    return found
+
+
+def _first_line(node: FunctionNode) -> int:
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
+def _defs_containing(tree: ast.AST, line: int) -> list[FunctionNode]:
+    """Function definitions whose body holds ``line``, innermost first."""
+    out = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno)
+    ]
+    return sorted(out, key=lambda n: n.lineno, reverse=True)
+
+
+def locate(filename: str, line: int) -> Located:
+    """The live function holding ``filename:line``; raises Decline when there is none."""
+    parsed = parse_file(filename)
+    if parsed is None:
+        raise Decline(f"source of {os.path.basename(filename)} is not available or does not parse")
+    defs = _defs_containing(parsed.tree, line)
+    if not defs:
+        raise Decline("the line is not inside a function (module or class body code)")
+    functions = _candidates(filename)
+    for node in defs:
+        first = _first_line(node)
+        matches = [f for f in functions if f.__code__.co_name == node.name and f.__code__.co_firstlineno == first]
+        if matches:
+            code = matches[0].__code__
+            sharing = [o for o in gc.get_referrers(code) if type(o) is types.FunctionType and o.__code__ is code]
+            namespace = matches[0].__globals__
+            return Located(
+                functions=sharing or matches,
+                code=code,
+                node=copy.deepcopy(node),
+                filename=filename,
+                namespace=namespace,
+            )
+    raise Decline(f"no live function object holds line {line} (code generated or created at run time)")
+
+
+# --------------------------------------------------------------------------
+# rewrite
+
+
+@dataclass
+class SiteRewrite:
+    line: int
+    rule: Rule
+    ok: bool = False
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int] | None:
+    """(containing list, index) of the innermost statement owning ``line``."""
+    from .source import _COMPOUND_HEADERS
+
+    for i, node in enumerate(body):
+        end = node.end_lineno or node.lineno
+        if not (node.lineno <= line <= end):
+            continue
+        header = _COMPOUND_HEADERS.get(type(node))
+        if header is not None:
+            head = header(node)
+            if line <= (head.end_lineno or head.lineno):
+                return body, i
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return None  # a nested definition: its own function is the site
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(node, name, None)
+            if inner:
+                found = _statement_in(inner, line)
+                if found is not None:
+                    return found
+        for handler in getattr(node, "handlers", []) or []:
+            found = _statement_in(handler.body, line)
+            if found is not None:
+                return found
+        return body, i
+    return None
+
+
+def rewrite(located: Located, sites: list[SiteRewrite]) -> FunctionNode:
+    """Apply each site's rule to its statement in ``located.node`` (in place)."""
+    ctx = RewriteContext.for_function(located.node, located.namespace, located.filename)
+    # Bottom-up so that replacing one statement never moves another's index.
+    for site in sorted(sites, key=lambda s: s.line, reverse=True):
+        found = _statement_in(located.node.body, site.line)
+        if found is None:
+            site.reason = "no statement of this function holds the line"
+            continue
+        body, index = found
+        ctx.notes = []
+        try:
+            replacement = site.rule.rewrite(body[index], ctx)
+        except Decline as exc:
+            site.reason = exc.reason
+            continue
+        except Exception as exc:  # a rule bug must not cost the user their model
+            site.reason = f"internal error in rule {site.rule.name}: {type(exc).__name__}: {exc}"
+            continue
+        body[index : index + 1] = replacement
+        site.ok = True
+        site.notes = list(ctx.notes)
+    return located.node
+
+
+# --------------------------------------------------------------------------
+# build
+
+
+def _strip_for_compile(node: FunctionNode) -> FunctionNode:
+    """Drop what the def statement evaluates (decorators, defaults,
+    annotations): those live on the function object, not in its code."""
+    node = copy.deepcopy(node)
+    node.decorator_list = []
+    node.returns = None
+    args = node.args
+    args.defaults = []
+    args.kw_defaults = [None] * len(args.kwonlyargs)
+    for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+        if a is not None:
+            a.annotation = None
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.AnnAssign) and sub.value is None and isinstance(sub.target, ast.Name):
+            pass  # a bare annotation in the body is a no-op at run time; keep it
+    return node
+
+
+def _enclosing_class(code: types.CodeType) -> str | None:
+    qualname = getattr(code, "co_qualname", "")
+    parts = qualname.split(".")
+    if len(parts) >= 2 and parts[-2] != "<locals>":
+        return parts[-2]
+    return None
+
+
+def build(located: Located, node: FunctionNode) -> types.CodeType:
+    """Compile ``node`` into a code object that can replace ``located.code``."""
+    original = located.code
+    func_node = _strip_for_compile(node)
+    body: list[ast.stmt] = [func_node]
+    holder: ast.stmt
+    class_name = _enclosing_class(original)
+    if class_name is not None:
+        # A class body gives the same private-name mangling and the __class__ cell.
+        holder = ast.ClassDef(name=class_name, bases=[], keywords=[], body=body, decorator_list=[])
+        inner: list[ast.stmt] = [holder]
+    else:
+        inner = body
+    free = [v for v in original.co_freevars if v != "__class__" or class_name is None]
+    if free:
+        # Closure variables become locals of a factory around the definition.
+        factory = ast.FunctionDef(
+            name="__graphmend_factory__",
+            args=ast.arguments(
+                posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
+            ),
+            body=[
+                *(ast.Assign(targets=[ast.Name(id=v, ctx=ast.Store())], value=ast.Constant(None)) for v in free),
+                *inner,
+                ast.Return(value=ast.Constant(None)),
+            ],
+            decorator_list=[],
+            returns=None,
+        )
+        module = ast.Module(body=[factory], type_ignores=[])
+    else:
+        # At module level the holder class binds no name the body could capture.
+        module = ast.Module(body=inner, type_ignores=[])
+    ast.fix_missing_locations(module)
+    compiled = compile(module, located.filename, "exec", dont_inherit=True)
+    new = _find_code(compiled, original.co_name, func_node.lineno)
+    if new is None:
+        raise Decline("internal: the rewritten function did not compile to a code object")
+    if new.co_freevars != original.co_freevars:
+        raise Decline(
+            f"the rewrite changes the closure ({original.co_freevars} -> {new.co_freevars}); kept the original"
+        )
+    if (new.co_argcount, new.co_kwonlyargcount, new.co_posonlyargcount) != (
+        original.co_argcount,
+        original.co_kwonlyargcount,
+        original.co_posonlyargcount,
+    ) or new.co_varnames[: new.co_argcount] != original.co_varnames[: original.co_argcount]:
+        raise Decline("internal: the rewritten signature differs from the original")
+    if hasattr(new, "co_qualname"):
+        new = new.replace(co_qualname=original.co_qualname)
+    return new
+
+
+def _find_code(code: types.CodeType, name: str, line: int) -> types.CodeType | None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name and const.co_firstlineno == line:
+                return const
+            found = _find_code(const, name, line)
+            if found is not None:
+                return found
+    return None
+
+
+# --------------------------------------------------------------------------
+# install
+
+
+def install(located: Located, new_code: types.CodeType, source: str = "") -> Patch:
+    namespace = located.namespace
+    existing = namespace.get(RUNTIME_NAME)
+    if existing is not None and existing is not runtime:
+        raise Decline(f"the module already defines {RUNTIME_NAME}")
+    injected = existing is None
+    namespace[RUNTIME_NAME] = runtime
+    for fn in located.functions:
+        fn.__code__ = new_code
+    return Patch(located=located, new_code=new_code, original_code=located.code, injected_runtime=injected, source=source)

@@ -1,0 +1,312 @@
+"""Mending: explain, rewrite the functions that hold fixable sites, verify, repeat.
+
+The pipeline, top to bottom (``mend_target``)::
+
+    observe original (eager)          -> the behaviour to keep
+    explain                           -> sites with categories
+    for each round (a fixpoint, at most ``max_rounds``):
+        sites a rule claims, not tried yet
+        locate -> rewrite -> build -> install, per function
+        explain again                 -> breaks that remain, or were hidden
+    verify: observe mended (eager, inside a region) and compare
+        on a difference: revert, then keep only the functions that verify alone
+
+Every site ends with one outcome: ``applied``, ``declined`` (with the
+rule's reason), ``reverted`` (verification found a difference, shown), or
+``out of scope`` (no rule addresses its category).
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from . import engine
+from .explain import ExplainReport, explain_target, report_from_trace
+from .discovery import trace_breaks
+from .rules import Decline, load_rules
+from .sites import BreakSite, display_path
+from .targets import Target, run_eager
+from .verify import Observation, compare, observe
+
+DEFAULT_RULES = ("where", "defer", "trap")
+
+
+@dataclass
+class SiteOutcome:
+    file: str
+    line: int
+    function: str
+    code: str
+    category: str
+    rule: str | None
+    status: str  # applied | declined | reverted | out of scope
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return display_path(self.file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "path": self.path,
+            "line": self.line,
+            "function": self.function,
+            "code": self.code,
+            "category": self.category,
+            "rule": self.rule,
+            "status": self.status,
+            "reason": self.reason,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class MendReport:
+    target: str
+    before: ExplainReport
+    after: ExplainReport
+    outcomes: list[SiteOutcome]
+    rounds: int
+    verified: bool | None  # None: verification off
+    differences: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    rules: tuple[str, ...] = DEFAULT_RULES
+
+    @property
+    def applied(self) -> list[SiteOutcome]:
+        return [o for o in self.outcomes if o.status == "applied"]
+
+    @property
+    def declined(self) -> list[SiteOutcome]:
+        return [o for o in self.outcomes if o.status != "applied"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "target": self.target,
+            "rules": list(self.rules),
+            "graphs_before": self.before.graphs,
+            "graphs_after": self.after.graphs,
+            "breaks_before": self.before.breaks,
+            "breaks_after": self.after.breaks,
+            "rounds": self.rounds,
+            "verified": self.verified,
+            "differences": list(self.differences),
+            "seconds": round(self.seconds, 3),
+            "sites": [o.to_dict() for o in self.outcomes],
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+        }
+
+
+class Mending:
+    """The patches installed for one target; ``undo`` restores every original."""
+
+    def __init__(self) -> None:
+        self.patches: list[engine.Patch] = []
+
+    def undo(self) -> None:
+        for patch in reversed(self.patches):
+            patch.uninstall()
+        self.patches.clear()
+        torch._dynamo.reset()
+
+    def __enter__(self) -> "Mending":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+def _key(site: BreakSite) -> tuple[str, int]:
+    return (site.file, site.line)
+
+
+def _outcome(site: BreakSite, status: str, reason: str, rule: str | None, notes: Iterable[str] = ()) -> SiteOutcome:
+    return SiteOutcome(
+        file=site.file,
+        line=site.line,
+        function=site.function,
+        code=site.code,
+        category=site.category,
+        rule=rule,
+        status=status,
+        reason=reason,
+        notes=list(notes),
+    )
+
+
+def _apply_round(
+    sites: list[BreakSite],
+    enabled: tuple[str, ...],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+) -> int:
+    """Rewrite the functions holding ``sites``; returns how many sites were applied."""
+    rules = load_rules()
+    by_function: dict[int, tuple[engine.Located, list[tuple[BreakSite, engine.SiteRewrite]]]] = {}
+    for site in sites:
+        rule = rules.get(site.rule or "")
+        if rule is None or rule.name not in enabled:
+            reason = (
+                site.verdict if site.rule is None else f"rule {site.rule!r} is not enabled or not built yet"
+            )
+            outcomes[_key(site)] = _outcome(site, "out of scope" if site.rule is None else "declined", reason, site.rule)
+            continue
+        try:
+            located = engine.locate(site.file, site.line)
+        except Decline as exc:
+            outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
+            continue
+        except Exception as exc:  # never fail the user's model for an internal error
+            outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", site.rule)
+            continue
+        entry = by_function.setdefault(id(located.code), (located, []))
+        entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule)))
+    applied = 0
+    for located, pairs in by_function.values():
+        node = engine.rewrite(located, [r for _, r in pairs])
+        ok = [(s, r) for s, r in pairs if r.ok]
+        for site, rw in pairs:
+            if not rw.ok:
+                outcomes[_key(site)] = _outcome(site, "declined", rw.reason, site.rule)
+        if not ok:
+            continue
+        try:
+            code = engine.build(located, node)
+            patch = engine.install(located, code, source=ast.unparse(node))
+        except Decline as exc:
+            for site, _ in ok:
+                outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
+            continue
+        except Exception as exc:
+            for site, _ in ok:
+                outcomes[_key(site)] = _outcome(
+                    site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}", site.rule
+                )
+            continue
+        mending.patches.append(patch)
+        groups[len(mending.patches) - 1] = [_key(s) for s, _ in ok]
+        for site, rw in ok:
+            outcomes[_key(site)] = _outcome(
+                site, "applied", "; ".join(rw.notes) or f"rewritten by [{site.rule}]", site.rule, rw.notes
+            )
+            applied += 1
+    torch._dynamo.reset()
+    return applied
+
+
+def _verify(target: Target, baseline: Observation, grad: bool) -> list[str]:
+    return compare(baseline, observe(target.model, target.args, target.kwargs, in_region=True, grad=grad))
+
+
+def mend_target(
+    target: Target,
+    *,
+    rules: tuple[str, ...] = DEFAULT_RULES,
+    verify: bool = True,
+    max_rounds: int = 3,
+    grad: bool = False,
+    mending: Mending | None = None,
+) -> tuple[MendReport, Mending]:
+    """Mend ``target`` in memory. Returns the report and the undo handle."""
+    start = time.perf_counter()
+    mending = mending or Mending()
+    baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad) if verify else None
+    if baseline is not None and baseline.exception is not None:
+        run_eager(target)  # raises the one-line TargetError for the user
+    before = explain_target(target, grad=grad)
+    outcomes: dict[tuple[str, int], SiteOutcome] = {}
+    groups: dict[int, list[tuple[str, int]]] = {}
+    current = before
+    rounds = 0
+    for _ in range(max_rounds):
+        pending = [s for s in current.sites if _key(s) not in outcomes]
+        if not pending:
+            break
+        rounds += 1
+        applied = _apply_round(pending, rules, outcomes, mending, groups)
+        if applied == 0:
+            break
+        current = _retrace(target, grad)
+    differences: list[str] = []
+    verified: bool | None = None
+    if verify and mending.patches:
+        assert baseline is not None
+        differences = _verify(target, baseline, grad)
+        verified = not differences
+        if differences:
+            current = _bisect(target, baseline, grad, mending, groups, outcomes, differences)
+            verified = True  # what remains installed verified on its own
+    # Sites still breaking after their rewrite keep "applied" but say so.
+    remaining = {_key(s): s for s in current.sites}
+    for key, outcome in outcomes.items():
+        if outcome.status == "applied" and key in remaining:
+            outcome.notes.append(f"still breaks: {remaining[key].reason}")
+    report = MendReport(
+        target=target.name,
+        before=before,
+        after=current,
+        outcomes=sorted(outcomes.values(), key=lambda o: (o.path, o.line)),
+        rounds=rounds,
+        verified=verified,
+        differences=differences,
+        seconds=time.perf_counter() - start,
+        rules=tuple(rules),
+    )
+    return report, mending
+
+
+def _retrace(target: Target, grad: bool) -> ExplainReport:
+    trace = trace_breaks(target.model, target.args, target.kwargs, grad=grad)
+    return report_from_trace(target.name, trace)
+
+
+def _bisect(
+    target: Target,
+    baseline: Observation,
+    grad: bool,
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    differences: list[str],
+) -> ExplainReport:
+    """Keep each patched function only if the target verifies with it installed."""
+    patches = list(mending.patches)
+    for patch in reversed(patches):
+        patch.uninstall()
+    mending.patches.clear()
+    for index, patch in enumerate(patches):
+        for fn in patch.located.functions:
+            fn.__code__ = patch.new_code
+        patch.located.namespace.setdefault(engine.RUNTIME_NAME, engine.runtime)
+        torch._dynamo.reset()
+        diff = _verify(target, baseline, grad)
+        if diff:
+            for fn in patch.located.functions:
+                fn.__code__ = patch.original_code
+            for key in groups.get(index, []):
+                old = outcomes[key]
+                outcomes[key] = SiteOutcome(
+                    file=old.file, line=old.line, function=old.function, code=old.code,
+                    category=old.category, rule=old.rule, status="reverted",
+                    reason="verification found a difference: " + "; ".join(diff[:3]), notes=old.notes,
+                )
+        else:
+            mending.patches.append(patch)
+    torch._dynamo.reset()
+    return _retrace(target, grad)
+
+
+def explain_or_mend_inputs(model: Any, args: tuple, kwargs: dict) -> Target:
+    from .targets import target_from_objects
+
+    return target_from_objects(model, args, kwargs)

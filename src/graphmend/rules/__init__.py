@@ -1,0 +1,154 @@
+"""The rule registry.
+
+A rule is a module in this package that defines one :class:`Rule` subclass
+decorated with :func:`register`. It is handed one statement at a time (the
+statement at a break site whose category it claims) and returns the
+statements that replace it, or raises :class:`Decline` with a reason the user
+will read. Rules never walk the tree or install code: the engine does that.
+Adding a rule is adding a module; a rule not built yet is simply absent.
+
+Each rule module opens with its documentation in the same sections as
+ruff's rule docs (what it rewrites, why the original breaks, example, when it
+declines); ``graphmend rules`` prints it.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+RUNTIME_NAME = "__graphmend_rt__"
+
+
+class Decline(Exception):
+    """A rule refuses a site; ``reason`` is shown to the user as is."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class RewriteContext:
+    """What a rule may know about the function it rewrites."""
+
+    fdef: ast.FunctionDef | ast.AsyncFunctionDef
+    globals: dict[str, Any]
+    filename: str
+    local_names: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)  # what the rule did, for the report
+
+    @classmethod
+    def for_function(cls, fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict, filename: str) -> "RewriteContext":
+        return cls(fdef=fdef, globals=namespace, filename=filename, local_names=bound_names(fdef))
+
+    def runtime(self, attr: str) -> ast.expr:
+        """``__graphmend_rt__.<attr>``, the runtime bound in the function's globals."""
+        return ast.Attribute(value=ast.Name(id=RUNTIME_NAME, ctx=ast.Load()), attr=attr, ctx=ast.Load())
+
+    def site(self, node: ast.AST) -> ast.expr:
+        """``(module name, line, function)`` of a statement, as a constant tuple."""
+        module = self.globals.get("__name__", "__main__")
+        return ast.Tuple(
+            elts=[ast.Constant(module), ast.Constant(node.lineno), ast.Constant(self.fdef.name)],
+            ctx=ast.Load(),
+        )
+
+    def resolves_to(self, name: str, obj: Any) -> bool:
+        """Whether bare ``name`` in this function is ``obj`` (not a local, not shadowed)."""
+        if name in self.local_names:
+            return False
+        if name in self.globals:
+            return self.globals[name] is obj
+        return getattr(builtins, name, None) is obj
+
+    def value_of(self, node: ast.expr) -> Any:
+        """The object a ``Name`` / dotted ``Attribute`` chain of globals refers to, or None."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id in self.local_names:
+            return None
+        if node.id in self.globals:
+            value = self.globals[node.id]
+        elif hasattr(builtins, node.id):
+            value = getattr(builtins, node.id)
+        else:
+            return None
+        for attr in reversed(parts):
+            try:
+                value = getattr(value, attr)
+            except Exception:
+                return None
+        return value
+
+
+def bound_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Parameters and every name the function assigns (its locals)."""
+    names = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
+    if fdef.args.vararg:
+        names.add(fdef.args.vararg.arg)
+    if fdef.args.kwarg:
+        names.add(fdef.args.kwarg.arg)
+    declared_global: set[str] = set()
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fdef:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Global):
+            declared_global.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names - declared_global
+
+
+class Rule:
+    """Base class: subclasses set ``name``, ``categories``, ``summary``."""
+
+    name: ClassVar[str] = ""
+    categories: ClassVar[frozenset[str]] = frozenset()
+    summary: ClassVar[str] = ""
+
+    @property
+    def doc(self) -> str:
+        import sys
+
+        module = sys.modules[type(self).__module__]
+        return (module.__doc__ or "").strip()
+
+    def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
+        raise NotImplementedError
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    RULES[cls.name] = cls()
+    return cls
+
+
+def load_rules() -> dict[str, Rule]:
+    """Import every rule module in this package (once) and return the registry."""
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    return RULES
+
+
+def rule_for_category(category: str, enabled: tuple[str, ...] | None = None) -> Rule | None:
+    for rule in load_rules().values():
+        if category in rule.categories and (enabled is None or rule.name in enabled):
+            return rule
+    return None

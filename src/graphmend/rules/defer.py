@@ -1,0 +1,240 @@
+"""[Defer] deferred side effects (categories: LC).
+
+## What it rewrites
+A ``print(...)``, ``warnings.warn(...)`` or logger call (``debug``, ``info``,
+``warning``, ``warn``, ``error``, ``critical``, ``fatal``, ``log``, and
+transformers' ``warning_once`` / ``info_once``) used as a statement inside the
+compiled region, in ``forward`` or any helper it calls.
+
+## Why the original breaks
+Dynamo cannot trace I/O: ``print`` is GB0059, logger methods GB0291,
+``warnings.warn`` GB0007. Each call splits the graph. torch's own
+``reorderable_logging_functions`` cannot take logger methods, drops calls in
+helpers, prints values after later in-place changes and drops ``end=``.
+
+## Example
+```python
+print("hidden", h.mean())                 # before
+__graphmend_rt__.print_(site, ("hidden", h.mean()), {})    # after
+logger.warning_once(f"mask {m.sum().item()}")              # before
+__graphmend_rt__.log(site, logger, "warning_once",
+    (__graphmend_rt__.fstr("mask ", (__graphmend_rt__.lazy("item", m.sum()), None, "")),), {})
+```
+Inside a region (``graphmend.compile`` opens one per call) the call records
+its arguments, tensors snapshotted with ``detach().clone()`` at the call, and
+the effect is performed after the compiled call, in the original order, with
+the original file and line on warnings and log records. A message whose
+formatting needs host values (``.item()``, ``.tolist()``, ``int()``,
+``float()`` in an f-string, ``%`` or ``.format``) is formatted after the
+call too, so the conversion leaves the graph. Outside a region the call
+happens at once, as before. A disabled logger level records nothing.
+
+## When it declines
+- the call's value is used (not a statement), or the callee is not provably
+  ``print`` / ``warnings.warn`` (shadowed names) or a logger method;
+- ``logger.exception`` (it reads the exception being handled at the call);
+- ``stacklevel=`` other than 1, ``stack_info=`` or ``exc_info=`` (they read
+  the call stack or the active exception, which only exist at the call);
+- a receiver expression that calls something other than ``logging.getLogger``.
+
+## Fix safety
+Arguments are evaluated where they were; only the I/O moves. Tensors are
+copied at the call; lists, tuples and dicts are copied shallowly, other
+objects are kept by reference (an object printed and then mutated in the same
+forward prints its later state; verification catches this on the example
+inputs). Effects happen after the compiled call, so output of code that is
+not deferred (a C extension writing to stdout) can interleave differently.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+
+from ..sites import LOG_METHODS
+from . import Decline, Rule, RewriteContext, register
+
+_CONVERSIONS_METHODS = {"item", "tolist"}
+_CONVERSION_BUILTINS = {"int": int, "float": float, "bool": bool}
+
+
+@register
+class Defer(Rule):
+    name = "defer"
+    categories = frozenset({"LC"})
+    summary = "record print / logging / warnings in the graph, perform them after the compiled call"
+
+    def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
+        if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+            raise Decline("the side effect is not a call statement (its value is used)")
+        call = stmt.value
+        kind, receiver, method = self._classify(call, ctx)
+        args = ast.Tuple(elts=[self._defer_format(a, ctx) for a in call.args], ctx=ast.Load())
+        kwargs = ast.Dict(
+            keys=[ast.Constant(k.arg) if k.arg else None for k in call.keywords],
+            values=[self._defer_format(k.value, ctx) for k in call.keywords],
+        )
+        site = ctx.site(call)
+        if kind == "print":
+            new = ast.Call(func=ctx.runtime("print_"), args=[site, args, kwargs], keywords=[])
+            ctx.notes.append("print deferred")
+        elif kind == "warn":
+            new = ast.Call(func=ctx.runtime("warn"), args=[site, args, kwargs], keywords=[])
+            ctx.notes.append("warnings.warn deferred")
+        else:
+            self._register_level(call, receiver, method, ctx)
+            new = ast.Call(
+                func=ctx.runtime("log"),
+                args=[site, receiver, ast.Constant(method), args, kwargs],
+                keywords=[],
+            )
+            ctx.notes.append(f"logger.{method} deferred")
+        return [ast.copy_location(ast.Expr(value=ast.copy_location(new, call)), stmt)]
+
+    # -- matching -------------------------------------------------------------
+
+    def _classify(self, call: ast.Call, ctx: RewriteContext) -> tuple[str, ast.expr | None, str | None]:
+        func = call.func
+        keywords = {k.arg for k in call.keywords if k.arg}
+        if any(k.arg is None for k in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
+            # *args / **kwargs could carry stacklevel, exc_info, ...: keep them
+            # only for print, where no keyword reads the call stack.
+            if not (isinstance(func, ast.Name) and func.id == "print"):
+                raise Decline("*args / **kwargs unpacking in a log or warn call hides its keywords")
+        if isinstance(func, ast.Name) and func.id == "print":
+            if not ctx.resolves_to("print", print):
+                raise Decline("`print` is rebound in this module or function")
+            return "print", None, None
+        if ctx.value_of(func) is warnings.warn:
+            self._check_stacklevel(call, keywords, position=2)
+            return "warn", None, None
+        if isinstance(func, ast.Attribute) and func.attr in LOG_METHODS:
+            method = func.attr
+            if method == "exception":
+                raise Decline("logger.exception reads the exception being handled at the call")
+            if {"stack_info", "exc_info"} & keywords:
+                raise Decline("stack_info= / exc_info= read the call stack at the call")
+            self._check_stacklevel(call, keywords, position=None)
+            receiver = func.value
+            self._check_receiver(receiver, ctx)
+            if method == "log" and not call.args:
+                raise Decline("logger.log without a level argument")
+            return "log", receiver, method
+        raise Decline("not a print, warnings.warn or logger call")
+
+    @staticmethod
+    def _check_stacklevel(call: ast.Call, keywords: set[str | None], position: int | None) -> None:
+        for k in call.keywords:
+            if k.arg == "stacklevel" and not (isinstance(k.value, ast.Constant) and k.value.value == 1):
+                raise Decline("stacklevel other than 1 attributes the effect to a caller known only at run time")
+        if position is not None and len(call.args) > position:
+            value = call.args[position]
+            if not (isinstance(value, ast.Constant) and value.value == 1):
+                raise Decline("stacklevel other than 1 attributes the effect to a caller known only at run time")
+
+    @staticmethod
+    def _check_receiver(receiver: ast.expr, ctx: RewriteContext) -> None:
+        for node in ast.walk(receiver):
+            if isinstance(node, ast.Call):
+                target = ctx.value_of(node.func)
+                import logging
+
+                if target is not logging.getLogger:
+                    raise Decline("the logger expression calls a function other than logging.getLogger")
+                if node is not receiver:
+                    raise Decline("the logger expression is not a plain name or getLogger call")
+
+    @staticmethod
+    def _register_level(call: ast.Call, receiver: ast.expr | None, method: str | None, ctx: RewriteContext) -> None:
+        """A disabled level should record nothing: when the logger is a module
+        global known now, its level test moves out of the graph."""
+        import logging
+
+        from .. import runtime
+
+        logger = ctx.value_of(receiver) if receiver is not None else None
+        if not isinstance(logger, logging.Logger) or method is None:
+            return
+        if method == "log":
+            first = call.args[0]
+            level = first.value if isinstance(first, ast.Constant) and isinstance(first.value, int) else None
+        else:
+            level = runtime._LEVELS.get(method)
+        if level is not None:
+            site = (ctx.globals.get("__name__", "__main__"), call.lineno, ctx.fdef.name)
+            runtime.register_log_site(site, logger, level)
+
+    # -- deferred formatting --------------------------------------------------
+
+    def _defer_format(self, node: ast.expr, ctx: RewriteContext) -> ast.expr:
+        """Move host conversions and string formatting of an argument to flush time."""
+        if isinstance(node, ast.Starred):
+            return ast.Starred(value=self._defer_format(node.value, ctx), ctx=node.ctx)
+        if isinstance(node, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in node.values):
+            parts: list[ast.expr] = []
+            for value in node.values:
+                if isinstance(value, ast.Constant):
+                    parts.append(value)
+                    continue
+                assert isinstance(value, ast.FormattedValue)
+                spec: ast.expr = ast.Constant(None)
+                if value.format_spec is not None:
+                    spec = self._defer_format(value.format_spec, ctx)
+                conversion = ast.Constant(chr(value.conversion) if value.conversion and value.conversion > 0 else None)
+                parts.append(
+                    ast.Tuple(elts=[self._lazy(value.value, ctx), conversion, spec], ctx=ast.Load())
+                )
+            return ast.copy_location(ast.Call(func=ctx.runtime("fstr"), args=parts, keywords=[]), node)
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mod)
+            and isinstance(node.left, (ast.Constant, ast.JoinedStr))
+            and isinstance(getattr(node.left, "value", ""), str)
+        ):
+            right = node.right
+            if isinstance(right, ast.Tuple):
+                right = ast.Tuple(elts=[self._lazy(e, ctx) for e in right.elts], ctx=ast.Load())
+            else:
+                right = self._lazy(right, ctx)
+            return ast.copy_location(
+                ast.Call(func=ctx.runtime("pct"), args=[node.left, right], keywords=[]), node
+            )
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "format"
+            and isinstance(node.func.value, ast.Constant)
+            and isinstance(node.func.value.value, str)
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+            and all(k.arg for k in node.keywords)
+        ):
+            args = ast.Tuple(elts=[self._lazy(a, ctx) for a in node.args], ctx=ast.Load())
+            kwargs = ast.Dict(
+                keys=[ast.Constant(k.arg) for k in node.keywords],
+                values=[self._lazy(k.value, ctx) for k in node.keywords],
+            )
+            return ast.copy_location(
+                ast.Call(func=ctx.runtime("fmt"), args=[node.func.value, args, kwargs], keywords=[]), node
+            )
+        return self._lazy(node, ctx)
+
+    def _lazy(self, node: ast.expr, ctx: RewriteContext) -> ast.expr:
+        """``t.item()`` -> lazy("item", t); ``int(t)`` -> lazy("int", t); else unchanged."""
+        if isinstance(node, ast.Call) and not node.keywords:
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _CONVERSIONS_METHODS and not node.args:
+                return self._lazy_call(func.attr, func.value, node, ctx)
+            if (
+                isinstance(func, ast.Name)
+                and func.id in _CONVERSION_BUILTINS
+                and len(node.args) == 1
+                and not isinstance(node.args[0], ast.Starred)
+                and ctx.resolves_to(func.id, _CONVERSION_BUILTINS[func.id])
+            ):
+                return self._lazy_call(func.id, node.args[0], node, ctx)
+        return node
+
+    def _lazy_call(self, kind: str, value: ast.expr, node: ast.expr, ctx: RewriteContext) -> ast.expr:
+        return ast.copy_location(
+            ast.Call(func=ctx.runtime("lazy"), args=[ast.Constant(kind), value], keywords=[]), node
+        )

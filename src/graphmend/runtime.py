@@ -1,0 +1,378 @@
+"""The graphmend runtime: what mended code calls while it runs.
+
+This module is the whole dependency of mended code (in memory, and in patches
+that ``graphmend fix`` writes), so it stays small, documented and stable. It
+imports only the standard library and torch.
+
+**Regions.** ``region()`` opens a deferral region around one call of a
+compiled model; ``graphmend.compile`` opens it for you. Inside a region the
+[Defer] calls below *record* their effect, with tensor arguments snapshotted
+at the call; when the outermost region closes (normally or by an exception)
+the records are performed in FIFO order. Outside a region they perform the
+effect at once, exactly as the original code did, so an eager call of a
+mended function behaves like the original.
+
+Dynamo traces these functions: the record is a list append whose tensors
+become graph outputs, so the compiled region has no break. Regions are
+serialised by one process-wide lock: records of two threads can never mix.
+
+**Sites.** Each call carries ``site = (module_name, line, function)`` of the
+original statement, so that a replayed warning or log record reports the
+original file, line and function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import warnings
+from typing import Any, Iterator
+
+import torch
+
+Site = tuple  # (module __name__, line, function name)
+
+API_VERSION = 1
+
+
+class _State:
+    """Process-wide deferral state; ``sink`` is a fresh list per region."""
+
+    sink: list | None = None
+    owner: int | None = None
+    depth: int = 0
+
+
+_STATE = _State()
+_LOCK = threading.RLock()
+
+class _Marker:
+    """Heads a tuple that stands for a value formatted at flush: (_DEFER, kind, ...)."""
+
+    def __repr__(self) -> str:
+        return "<graphmend deferred value>"
+
+
+_DEFER = _Marker()
+_FSTR, _PCT, _FMT, _LAZY = "f-string", "percent", "format", "lazy"
+
+
+def _is_deferred(value: Any) -> bool:
+    return type(value) is tuple and len(value) > 0 and value[0] is _DEFER
+
+
+# --------------------------------------------------------------------------
+# regions
+
+
+@contextlib.contextmanager
+def region() -> Iterator[None]:
+    """Defer effects recorded inside; perform them when the outermost region exits."""
+    _LOCK.acquire()
+    outermost = _STATE.depth == 0
+    if outermost:
+        _refresh_levels()
+        _STATE.sink = []
+        _STATE.owner = threading.get_ident()
+    _STATE.depth += 1
+    try:
+        yield
+    finally:
+        _STATE.depth -= 1
+        records: list = []
+        if outermost:
+            records = _STATE.sink or []
+            _STATE.sink = None
+            _STATE.owner = None
+        try:
+            if outermost:
+                flush(records)
+        finally:
+            _LOCK.release()
+
+
+def active() -> bool:
+    return _STATE.sink is not None
+
+
+_UNGUARDED_MESSAGE = (
+    "graphmend: a mended function is being compiled outside a deferral region, so its "
+    "print/log/warn calls still break the graph; compile the model with graphmend.compile(...) "
+    "or call it inside graphmend.runtime.region()"
+)
+_unguarded_warned = False
+
+
+@torch.compiler.disable
+def _note_unguarded() -> None:
+    global _unguarded_warned
+    if not _unguarded_warned:
+        _unguarded_warned = True
+        warnings.warn(_UNGUARDED_MESSAGE, RuntimeWarning, stacklevel=2)
+
+
+def _sink() -> list | None:
+    sink = _STATE.sink
+    if sink is None:
+        if torch.compiler.is_compiling():
+            _note_unguarded()
+        return None
+    if not torch.compiler.is_compiling() and _STATE.owner != threading.get_ident():
+        return None  # an eager call from another thread: not this region's effect
+    return sink
+
+
+# --------------------------------------------------------------------------
+# snapshots and deferred formatting (traced by Dynamo)
+
+
+def _snap(value: Any) -> Any:
+    if isinstance(value, torch.nn.Parameter):
+        return value  # a clone would print as a plain tensor
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) is tuple:
+        return tuple([_snap(v) for v in value])
+    if type(value) is list:
+        return [_snap(v) for v in value]
+    if type(value) is dict:
+        return {k: _snap(v) for k, v in value.items()}
+    return value
+
+
+def fstr(*parts: Any) -> Any:
+    """An f-string: parts are str or (value, conversion, spec) tuples."""
+    return (_DEFER, _FSTR, parts)
+
+
+def pct(template: Any, values: Any) -> Any:
+    """``template % values`` evaluated at flush."""
+    return (_DEFER, _PCT, template, values)
+
+
+def fmt(template: Any, args: tuple, kwargs: dict) -> Any:
+    """``template.format(*args, **kwargs)`` evaluated at flush."""
+    return (_DEFER, _FMT, template, args, kwargs)
+
+
+def lazy(kind: str, value: Any) -> Any:
+    """A host conversion (``item``, ``tolist``, ``int``, ``float``, ``bool``) at flush."""
+    return (_DEFER, _LAZY, kind, value)
+
+
+# --------------------------------------------------------------------------
+# the deferred calls
+
+
+def print_(site: Site, args: tuple, kwargs: dict) -> None:
+    """``print(*args, **kwargs)``."""
+    sink = _sink()
+    if sink is None:
+        _perform_print(args, kwargs)
+    else:
+        sink.append(("print", site, None, None, _snap(args), _snap(kwargs)))
+
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "info_once": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "warning_once": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+
+
+# Dynamo refuses to read a Logger's attributes, so the level test cannot run
+# in the graph. Sites whose logger is known when the code is mended register it
+# here; each region refreshes the flags once, and the traced code reads a plain
+# dict (Dynamo guards on the entry: a level change recompiles, as it should).
+_LOG_SITES: dict[Site, tuple[logging.Logger, int]] = {}
+_ENABLED: dict[Site, bool] = {}
+
+
+def register_log_site(site: Site, logger: logging.Logger, level: int) -> None:
+    """Let the level test of a logger call site run outside the graph."""
+    _LOG_SITES[site] = (logger, level)
+    _ENABLED[site] = logger.isEnabledFor(level)
+
+
+def _refresh_levels() -> None:
+    for site, (logger, level) in list(_LOG_SITES.items()):
+        _ENABLED[site] = logger.isEnabledFor(level)
+
+
+def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict) -> None:
+    """``logger.<method>(*args, **kwargs)``; a disabled level records nothing."""
+    if not isinstance(logger, logging.Logger):
+        _perform_call(logger, method, args, kwargs)
+        return
+    sink = _sink()
+    if sink is None:
+        _call_logger(site, logger, method, args, kwargs)
+        return
+    if _ENABLED.get(site, True):
+        sink.append(("log", site, logger, method, _snap(args), _snap(kwargs)))
+
+
+def warn(site: Site, args: tuple, kwargs: dict) -> None:
+    """``warnings.warn(*args, **kwargs)`` (stacklevel 1)."""
+    sink = _sink()
+    if sink is None:
+        _warn_explicit(site, _resolve(args), _resolve(kwargs))
+    else:
+        sink.append(("warn", site, None, None, _snap(args), _snap(kwargs)))
+
+
+# --------------------------------------------------------------------------
+# flush (plain Python, never traced)
+
+
+def _resolve(value: Any) -> Any:
+    if _is_deferred(value):
+        kind = value[1]
+        if kind == _FSTR:
+            out = []
+            for part in value[2]:
+                if isinstance(part, str):
+                    out.append(part)
+                    continue
+                item, conversion, spec = part
+                item = _resolve(item)
+                if conversion == "r":
+                    item = repr(item)
+                elif conversion == "s":
+                    item = str(item)
+                elif conversion == "a":
+                    item = ascii(item)
+                out.append(format(item, _resolve(spec) if spec else ""))
+            return "".join(out)
+        if kind == _PCT:
+            return _resolve(value[2]) % _resolve(value[3])
+        if kind == _FMT:
+            return _resolve(value[2]).format(*_resolve(value[3]), **_resolve(value[4]))
+        if kind == _LAZY:
+            conv, item = value[2], _resolve(value[3])
+            if conv in ("item", "tolist"):
+                return getattr(item, conv)()
+            return {"int": int, "float": float, "bool": bool}[conv](item)
+    if type(value) is tuple:
+        return tuple(_resolve(v) for v in value)
+    if type(value) is list:
+        return [_resolve(v) for v in value]
+    if type(value) is dict:
+        return {k: _resolve(v) for k, v in value.items()}
+    return value
+
+
+def _module_of(site: Site) -> tuple[str, dict]:
+    module = sys.modules.get(site[0])
+    namespace = vars(module) if module is not None else {"__name__": site[0]}
+    filename = namespace.get("__file__") or site[0]
+    return filename, namespace
+
+
+_RELOCATE = threading.local()
+
+
+def _find_caller(logger: logging.Logger, original: Any) -> Any:
+    def find_caller(stack_info: bool = False, stacklevel: int = 1) -> tuple:
+        where = getattr(_RELOCATE, "where", None)
+        if where is not None and getattr(_RELOCATE, "logger", None) is logger:
+            return where
+        return original(stack_info, stacklevel)
+
+    return find_caller
+
+
+@torch.compiler.disable
+def _perform_print(args: tuple, kwargs: dict) -> None:
+    print(*_resolve(args), **_resolve(kwargs))
+
+
+@torch.compiler.disable
+def _perform_call(target: Any, method: str, args: tuple, kwargs: dict) -> None:
+    getattr(target, method)(*_resolve(args), **_resolve(kwargs))
+
+
+@torch.compiler.disable
+def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, kwargs: dict) -> None:
+    """Call the real logger method, with the record placed where eager put it.
+
+    A method of ``logging.Logger`` itself reports its caller (the original
+    site), so the call is relocated there. A method defined elsewhere
+    (transformers' ``warning_once``) reports its own frame, as it does when
+    called from here: it is called as is."""
+    args, kwargs = _resolve(args), _resolve(kwargs)
+    function = getattr(getattr(type(logger), method, None), "__module__", None)
+    if function != logging.__name__:
+        getattr(logger, method)(*args, **kwargs)
+        return
+    filename, _ = _module_of(site)
+    _RELOCATE.where = (filename, site[1], site[2], None)
+    _RELOCATE.logger = logger
+    had = "findCaller" in vars(logger)
+    saved = vars(logger).get("findCaller")
+    logger.findCaller = _find_caller(logger, type(logger).findCaller.__get__(logger))  # type: ignore[method-assign]
+    try:
+        getattr(logger, method)(*args, **kwargs)
+    finally:
+        _RELOCATE.where = None
+        _RELOCATE.logger = None
+        if had:
+            logger.findCaller = saved  # type: ignore[method-assign]
+        else:
+            del logger.findCaller
+
+
+@torch.compiler.disable
+def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
+    message = args[0] if args else kwargs["message"]
+    category = args[1] if len(args) > 1 else kwargs.get("category")
+    if isinstance(message, Warning):
+        category = message.__class__
+    if category is None:
+        category = UserWarning
+    filename, namespace = _module_of(site)
+    registry = namespace.setdefault("__warningregistry__", {}) if site[0] in sys.modules else {}
+    warnings.warn_explicit(
+        message,
+        category,
+        filename,
+        site[1],
+        module=site[0],
+        registry=registry,
+        module_globals=namespace if site[0] in sys.modules else None,
+    )
+
+
+def flush(records: list) -> None:
+    """Perform recorded effects in order. Never traced."""
+    for kind, site, target, method, args, kwargs in records:
+        if kind == "print":
+            _perform_print(args, kwargs)
+        elif kind == "log":
+            _call_logger(site, target, method, args, kwargs)
+        elif kind == "warn":
+            _warn_explicit(site, _resolve(args), _resolve(kwargs))
+
+
+__all__ = [
+    "API_VERSION",
+    "active",
+    "flush",
+    "fmt",
+    "fstr",
+    "lazy",
+    "log",
+    "pct",
+    "print_",
+    "region",
+    "register_log_site",
+    "warn",
+]

@@ -1,0 +1,222 @@
+"""Verification: does the mended target behave exactly like the original?
+
+``observe`` runs a target eagerly on private copies of the model and the
+inputs and records everything a user can see: the output, the exception
+(type and message), the module state afterwards (parameters, buffers, tensor
+and plain attributes), stdout and stderr text, log records (logger, level,
+file, line, function, message) and warnings (category, message, file, line),
+all in order. ``compare`` lists the differences between two observations;
+an empty list means identical. Tensors compare bit for bit.
+
+The mended side runs inside a deferral region, so that the deferred path
+(snapshots, replay order, formatting at flush) is what gets checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import runtime
+
+_ONCE_METHODS = ("warning_once", "info_once")
+# Attributes torch.compile itself sets on a module: not the model's state.
+_TORCH_ATTRS = frozenset({"_is_torch_compile", "_compiled_call_impl", "_torchdynamo_orig_callable", "_torchdynamo_inline"})
+
+
+@dataclass
+class Observation:
+    output: Any = None
+    exception: tuple[str, str] | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    stdout: str = ""
+    stderr: str = ""
+    records: list[tuple] = field(default_factory=list)
+    warnings: list[tuple] = field(default_factory=list)
+
+
+def _clear_once_caches() -> None:
+    for name in _ONCE_METHODS:
+        method = getattr(logging.Logger, name, None)
+        clear = getattr(method, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+@contextlib.contextmanager
+def _capture_log_records(sink: list[tuple]):
+    original = logging.Logger.handle
+
+    def handle(self: logging.Logger, record: logging.LogRecord) -> None:
+        sink.append((record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage()))
+        original(self, record)
+
+    logging.Logger.handle = handle  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        logging.Logger.handle = original  # type: ignore[method-assign]
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        new = copy.copy(value)
+        for key in list(value.keys()):
+            new[key] = _detach(value[key])
+        return new
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_detach(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detach(v) for v in value)
+    return value
+
+
+def module_state(model: Any) -> dict[str, Any]:
+    """Parameters, buffers and plain attributes of every submodule."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    state: dict[str, Any] = {f"tensor:{k}": v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    for name, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key in ("_parameters", "_buffers", "_modules") or key in _TORCH_ATTRS or "hook" in key:
+                continue
+            label = f"attr:{name}.{key}" if name else f"attr:{key}"
+            if isinstance(value, torch.Tensor):
+                state[label] = value.detach().clone()
+            elif isinstance(value, (int, float, str, bool, type(None))):
+                state[label] = value
+            elif isinstance(value, tuple) and all(isinstance(v, (int, float, str, bool, type(None))) for v in value):
+                state[label] = value
+    return state
+
+
+def observe(
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    in_region: bool,
+    grad: bool = False,
+    copy_model: bool = True,
+    seed: int = 0,
+) -> Observation:
+    """Run ``model(*args, **kwargs)`` eagerly on copies and record what is observable."""
+    obs = Observation()
+    subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
+    call_args = copy.deepcopy(args)
+    call_kwargs = copy.deepcopy(kwargs)
+    out, err = io.StringIO(), io.StringIO()
+    _clear_once_caches()
+    region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
+    grad_ctx = torch.enable_grad if grad else torch.no_grad
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        torch.manual_seed(seed)
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(_capture_log_records(obs.records))
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        stack.enter_context(grad_ctx())
+        try:
+            with region():
+                result = subject(*call_args, **call_kwargs)
+            obs.output = _detach(result)
+        except Exception as exc:  # the exception is part of the behaviour
+            obs.exception = (type(exc).__qualname__, str(exc))
+        obs.warnings = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
+    _clear_once_caches()
+    obs.stdout, obs.stderr = out.getvalue(), err.getvalue()
+    obs.state = module_state(subject)
+    return obs
+
+
+# --------------------------------------------------------------------------
+# comparison
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return bool(torch.equal(a.to_dense(), b.to_dense()))
+    a, b = a.detach().contiguous().cpu(), b.detach().contiguous().cpu()
+    if a.dtype == torch.bool:
+        return bool(torch.equal(a, b))
+    try:
+        return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    except RuntimeError:
+        return bool(torch.equal(a, b))
+
+
+def _diff_values(a: Any, b: Any, path: str, out: list[str]) -> None:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            out.append(f"{path}: tensor vs {type(b).__name__ if isinstance(a, torch.Tensor) else type(a).__name__}")
+        elif not _bits_equal(a, b):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                out.append(f"{path}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
+            else:
+                delta = (a.double() - b.double()).abs().nan_to_num(nan=math.inf).max().item() if a.numel() else 0.0
+                out.append(f"{path}: values differ (max abs diff {delta:.3g})")
+        return
+    if type(a) is not type(b):
+        out.append(f"{path}: {type(a).__name__} vs {type(b).__name__}")
+        return
+    if isinstance(a, dict):
+        if list(a.keys()) != list(b.keys()):
+            out.append(f"{path}: keys {list(a.keys())} vs {list(b.keys())}")
+            return
+        for k in a:
+            _diff_values(a[k], b[k], f"{path}.{k}", out)
+        return
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            out.append(f"{path}: length {len(a)} vs {len(b)}")
+            return
+        for i, (x, y) in enumerate(zip(a, b)):
+            _diff_values(x, y, f"{path}[{i}]", out)
+        return
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return
+    try:
+        same = a == b
+        same = bool(same)
+    except Exception:
+        same = a is b
+    if not same:
+        out.append(f"{path}: {a!r} vs {b!r}")
+
+
+def compare(original: Observation, mended: Observation) -> list[str]:
+    """Differences, one line each; empty when the behaviour is identical."""
+    out: list[str] = []
+    if original.exception != mended.exception:
+        out.append(f"exception: {original.exception} vs {mended.exception}")
+    _diff_values(original.output, mended.output, "output", out)
+    if original.state.keys() != mended.state.keys():
+        only_a = sorted(set(original.state) - set(mended.state))
+        only_b = sorted(set(mended.state) - set(original.state))
+        out.append(f"module state: attributes only in the original {only_a}, only when mended {only_b}")
+    else:
+        for key in original.state:
+            _diff_values(original.state[key], mended.state[key], key, out)
+    if original.stdout != mended.stdout:
+        out.append(f"stdout: {original.stdout!r} vs {mended.stdout!r}")
+    if original.stderr != mended.stderr:
+        out.append(f"stderr: {original.stderr!r} vs {mended.stderr!r}")
+    if original.records != mended.records:
+        out.append(f"log records: {original.records} vs {mended.records}")
+    if original.warnings != mended.warnings:
+        out.append(f"warnings: {original.warnings} vs {mended.warnings}")
+    return out
