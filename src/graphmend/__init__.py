@@ -4,11 +4,15 @@ Python API::
 
     import graphmend
     report = graphmend.explain(model, x)        # every break, why, which rule
-    print(report.to_dict())
+    compiled = graphmend.compile(model)         # torch.compile, breaks mended first
+    compiled(x); compiled.report                # what was fixed, declined and why
+    graphmend.unmend(model)                     # every original function restored
 """
 
+from .api import compile, mend, mended, unmend
 from .errors import GraphmendError, TargetError, UnsupportedEnvironment
 from .explain import ExplainReport, explain
+from .mend import MendReport, SiteOutcome
 from .sites import BreakSite
 from .targets import Target, load_target
 
@@ -21,6 +25,12 @@ __all__ = [
     "Target",
     "TargetError",
     "UnsupportedEnvironment",
+    "compile",
     "explain",
+    "mend",
+    "mended",
+    "unmend",
+    "MendReport",
+    "SiteOutcome",
     "load_target",
 ]

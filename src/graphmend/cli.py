@@ -43,6 +43,61 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     return EXIT_FOUND if report.breaks or report.gave_up else EXIT_CLEAN
 
 
+def _rules_arg(text: str | None) -> tuple[str, ...]:
+    from .mend import DEFAULT_RULES
+    from .rules import load_rules
+
+    if not text:
+        return DEFAULT_RULES
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    known = set(DEFAULT_RULES) | set(load_rules())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise GraphmendError(f"unknown rule(s) {', '.join(unknown)}; rules are {', '.join(sorted(known))}")
+    return names
+
+
+def cmd_mend(ns: argparse.Namespace) -> int:
+    from .compat import check_environment
+    from .mend import mend_target
+    from .targets import load_target
+    from .verify import quiet
+
+    check_environment()
+    rules = _rules_arg(ns.rules)
+    redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
+    with redirect:
+        target = load_target(ns.target)
+        with quiet():  # analysis runs of the model: their output is not the user's
+            report, mending = mend_target(target, rules=rules, verify=not ns.no_verify)
+        mending.undo()
+    if ns.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from .render import render_mend
+
+        render_mend(report)
+    return EXIT_FOUND if report.after.breaks or report.after.gave_up else EXIT_CLEAN
+
+
+def cmd_rules(ns: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from .rules import load_rules
+
+    rules = load_rules()
+    if ns.name:
+        rule = rules.get(ns.name)
+        if rule is None:
+            raise GraphmendError(f"no rule named {ns.name!r}; rules are {', '.join(sorted(rules))}")
+        Console().print(Markdown(rule.doc))
+        return EXIT_CLEAN
+    for name, rule in sorted(rules.items()):
+        print(f"{name:8} {'/'.join(sorted(rule.categories)):6} {rule.summary}")
+    return EXIT_CLEAN
+
+
 def cmd_zoo(ns: argparse.Namespace) -> int:
     from . import zoo
 
@@ -100,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad", action="store_true", help="run with autograd enabled (default: no_grad)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("mend", help="mend a target in memory, verify it, and show what was fixed and why")
+    p.add_argument("target", help=_target_help())
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--rules", help="comma-separated rules to apply (default: all)")
+    p.add_argument("--no-verify", action="store_true", help="skip the eager comparison with the original")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_mend)
+
+    p = sub.add_parser("rules", help="list the rules, or show one rule's documentation")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("zoo", help="list the zoo: targets built from the paper's Table 2")
     p.add_argument("--json", action="store_true")

@@ -38,10 +38,11 @@ class Located:
     """A function found live in the process, with its source."""
 
     functions: list[types.FunctionType]  # every function object sharing the code
-    code: types.CodeType
+    code: types.CodeType  # the code it runs now
     node: FunctionNode  # a fresh copy of its definition, original line numbers
     filename: str
     namespace: dict[str, Any]
+    previous: "Patch | None" = None  # set when an earlier round already rewrote it
 
     @property
     def qualname(self) -> str:
@@ -56,6 +57,7 @@ class Patch:
     new_code: types.CodeType
     original_code: types.CodeType
     injected_runtime: bool
+    node: FunctionNode | None = None  # the rewritten definition
     source: str = ""  # the rewritten function, for reports and debugging
 
     def uninstall(self) -> None:
@@ -147,8 +149,11 @@ def _defs_containing(tree: ast.AST, line: int) -> list[FunctionNode]:
     return sorted(out, key=lambda n: n.lineno, reverse=True)
 
 
-def locate(filename: str, line: int) -> Located:
-    """The live function holding ``filename:line``; raises Decline when there is none."""
+def locate(filename: str, line: int, patched: dict[int, "Patch"] | None = None) -> Located:
+    """The live function holding ``filename:line``; raises Decline when there is none.
+
+    ``patched`` maps ``id(new_code)`` of patches already installed: a function
+    rewritten in an earlier round is rewritten again from that round's AST."""
     parsed = parse_file(filename)
     if parsed is None:
         raise Decline(f"source of {os.path.basename(filename)} is not available or does not parse")
@@ -162,13 +167,14 @@ def locate(filename: str, line: int) -> Located:
         if matches:
             code = matches[0].__code__
             sharing = [o for o in gc.get_referrers(code) if type(o) is types.FunctionType and o.__code__ is code]
-            namespace = matches[0].__globals__
+            previous = (patched or {}).get(id(code))
             return Located(
                 functions=sharing or matches,
                 code=code,
-                node=copy.deepcopy(node),
+                node=copy.deepcopy(previous.node if previous is not None else node),
                 filename=filename,
-                namespace=namespace,
+                namespace=matches[0].__globals__,
+                previous=previous,
             )
     raise Decline(f"no live function object holds line {line} (code generated or created at run time)")
 
@@ -338,7 +344,8 @@ def _find_code(code: types.CodeType, name: str, line: int) -> types.CodeType | N
 # install
 
 
-def install(located: Located, new_code: types.CodeType, source: str = "") -> Patch:
+def install(located: Located, new_code: types.CodeType, node: FunctionNode) -> Patch:
+    """Swap the code in; a function rewritten before keeps its first original."""
     namespace = located.namespace
     existing = namespace.get(RUNTIME_NAME)
     if existing is not None and existing is not runtime:
@@ -347,4 +354,12 @@ def install(located: Located, new_code: types.CodeType, source: str = "") -> Pat
     namespace[RUNTIME_NAME] = runtime
     for fn in located.functions:
         fn.__code__ = new_code
-    return Patch(located=located, new_code=new_code, original_code=located.code, injected_runtime=injected, source=source)
+    previous = located.previous
+    return Patch(
+        located=located,
+        new_code=new_code,
+        original_code=previous.original_code if previous is not None else located.code,
+        injected_runtime=previous.injected_runtime if previous is not None else injected,
+        node=node,
+        source=ast.unparse(node),
+    )

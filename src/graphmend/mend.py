@@ -18,7 +18,6 @@ rule's reason), ``reverted`` (verification found a difference, shown), or
 
 from __future__ import annotations
 
-import ast
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -112,6 +111,9 @@ class Mending:
     def __init__(self) -> None:
         self.patches: list[engine.Patch] = []
 
+    def by_code(self) -> dict[int, engine.Patch]:
+        return {id(p.new_code): p for p in self.patches}
+
     def undo(self) -> None:
         for patch in reversed(self.patches):
             patch.uninstall()
@@ -162,7 +164,7 @@ def _apply_round(
             outcomes[_key(site)] = _outcome(site, "out of scope" if site.rule is None else "declined", reason, site.rule)
             continue
         try:
-            located = engine.locate(site.file, site.line)
+            located = engine.locate(site.file, site.line, mending.by_code())
         except Decline as exc:
             outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
             continue
@@ -182,7 +184,7 @@ def _apply_round(
             continue
         try:
             code = engine.build(located, node)
-            patch = engine.install(located, code, source=ast.unparse(node))
+            patch = engine.install(located, code, node)
         except Decline as exc:
             for site, _ in ok:
                 outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
@@ -193,8 +195,13 @@ def _apply_round(
                     site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}", site.rule
                 )
             continue
-        mending.patches.append(patch)
-        groups[len(mending.patches) - 1] = [_key(s) for s, _ in ok]
+        if located.previous is not None:  # a later round on the same function
+            index = mending.patches.index(located.previous)
+            mending.patches[index] = patch
+            groups[index] = groups.get(index, []) + [_key(s) for s, _ in ok]
+        else:
+            mending.patches.append(patch)
+            groups[len(mending.patches) - 1] = [_key(s) for s, _ in ok]
         for site, rw in ok:
             outcomes[_key(site)] = _outcome(
                 site, "applied", "; ".join(rw.notes) or f"rewritten by [{site.rule}]", site.rule, rw.notes

@@ -6,7 +6,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from typing import TYPE_CHECKING
+
 from .explain import ExplainReport
+
+if TYPE_CHECKING:
+    from .mend import MendReport
 from .sites import CATEGORIES, verdict_for
 
 _CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "DS", "UNSUP", "OTHER"]
@@ -92,3 +97,44 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
     console.print(Text(summary_line(report), style="bold"), soft_wrap=True)
+
+
+_STATUS_STYLE = {"applied": "green", "declined": "yellow", "reverted": "red", "out of scope": "dim"}
+
+
+def mend_summary(report: "MendReport") -> str:
+    before, after = report.before, report.after
+    removed = before.breaks - after.breaks
+    verified = {True: "verified identical to eager", False: "verification failed", None: "not verified"}[
+        report.verified
+    ]
+    return (
+        f"{report.target}: graphs {before.graphs} -> {after.graphs}, breaks {before.breaks} -> {after.breaks} "
+        f"({removed} removed) | {len(report.applied)} applied, {len(report.declined)} not | {verified} | "
+        f"{report.seconds:.1f} s"
+    )
+
+
+def render_mend(report: "MendReport", console: Console | None = None) -> None:
+    console = console or Console()
+    if report.outcomes:
+        table = Table(title=f"mending {report.target}", title_justify="left")
+        table.add_column("status", no_wrap=True)
+        table.add_column("rule", no_wrap=True)
+        table.add_column("site", overflow="fold", ratio=3)
+        table.add_column("code", overflow="fold", ratio=3)
+        table.add_column("what / why", overflow="fold", ratio=4)
+        for o in report.outcomes:
+            table.add_row(
+                Text(o.status, style=_STATUS_STYLE.get(o.status, "")),
+                o.rule or "-",
+                f"{o.path}:{o.line} in {o.function}",
+                _shorten(o.code),
+                "; ".join([o.reason] + [n for n in o.notes if n.startswith("still breaks")]),
+            )
+        console.print(table)
+    for diff in report.differences:
+        console.print(Text("verification: " + diff, style="red"), soft_wrap=True)
+    for warning in report.after.warnings:
+        console.print(Text("warning: " + warning, style="yellow"))
+    console.print(Text(mend_summary(report), style="bold"), soft_wrap=True)

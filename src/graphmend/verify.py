@@ -66,6 +66,28 @@ def _capture_log_records(sink: list[tuple]):
         logging.Logger.handle = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def quiet():
+    """Hold back what analysis runs of the user's model print, log and warn:
+    they are extra runs, not the user's calls."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+        stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        original = logging.Logger.handle
+
+        def handle(self: logging.Logger, record: logging.LogRecord) -> None:
+            if record.name.startswith("torch."):  # torch's own logs (discovery reads them)
+                original(self, record)
+
+        logging.Logger.handle = handle  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            logging.Logger.handle = original  # type: ignore[method-assign]
+
+
 def _detach(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()

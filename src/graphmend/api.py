@@ -1,0 +1,182 @@
+"""The Python API: ``mend``, ``compile``, ``unmend`` and the ``mended`` context.
+
+``graphmend.compile(model, ...)`` is a drop-in for ``torch.compile``: it
+mends the model (at once when ``example_inputs`` is given, else on the first
+call, with that call's inputs), then returns ``torch.compile``'s own result
+with two hooks on it that open and close the deferral region around every
+call. The returned object *is* the compiled model (an ``OptimizedModule`` for
+modules, a function for functions), with ``.report`` added.
+
+Mending swaps the code of shared function objects: it affects every instance
+of a mended class in the process until ``unmend``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Iterator
+
+import torch
+
+from . import runtime
+from .compat import check_environment
+from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
+from .targets import target_from_objects
+from .verify import quiet
+
+_ACTIVE: dict[int, tuple[Any, Mending]] = {}
+_LOCK = threading.Lock()
+
+
+def _remember(key: Any, mending: Mending) -> None:
+    with _LOCK:
+        _ACTIVE[id(key)] = (key, mending)
+
+
+def mend(model_or_fn: Any, *args: Any, **kwargs: Any) -> MendReport:
+    """Mend ``model_or_fn`` in memory (no compile) using ``(*args, **kwargs)`` as
+    example inputs; every rule, verification on. Returns the report; undo with
+    ``graphmend.unmend(model_or_fn)``."""
+    return _mend(model_or_fn, args, kwargs)
+
+
+def _mend(
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    rules: tuple[str, ...] = DEFAULT_RULES,
+    verify: bool = True,
+    silent: bool = False,
+) -> MendReport:
+    check_environment()
+    target = target_from_objects(model, args, kwargs)
+    with quiet() if silent else contextlib.nullcontext():
+        report, mending = mend_target(target, rules=tuple(rules), verify=verify)
+    _remember(model, mending)
+    report.undo = mending.undo  # type: ignore[attr-defined]
+    return report
+
+
+def unmend(obj: Any = None) -> None:
+    """Restore every original function mended for ``obj`` (a model, function,
+    or the result of ``graphmend.compile``); with no argument, for everything."""
+    with _LOCK:
+        if obj is None:
+            items = list(_ACTIVE.values())
+            _ACTIVE.clear()
+        else:
+            key = getattr(obj, "_graphmend_source", obj)
+            if isinstance(key, torch.nn.Module) and hasattr(key, "_orig_mod"):
+                key = key._orig_mod
+            entry = _ACTIVE.pop(id(key), None)
+            items = [entry] if entry else []
+    for _, mending in items:
+        mending.undo()
+
+
+@contextlib.contextmanager
+def mended(model_or_fn: Any, *args: Any, **kwargs: Any) -> Iterator[MendReport]:
+    """``with graphmend.mended(model, x) as report:`` mends, and restores on exit."""
+    report = mend(model_or_fn, *args, **kwargs)
+    try:
+        yield report
+    finally:
+        unmend(model_or_fn)
+
+
+def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[0], (tuple, list))
+        and isinstance(example_inputs[1], dict)
+    ):
+        return tuple(example_inputs[0]), dict(example_inputs[1])
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
+    """torch.compile's OptimizedModule, plus ``.report``.
+
+    ``OptimizedModule`` forwards attribute writes to the wrapped model, which
+    would shadow a model attribute named ``report``; a class attribute keeps
+    the write on the wrapper."""
+
+    report = None
+
+
+class _Regions(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+
+
+def compile(
+    model: Any,
+    *,
+    example_inputs: Any = None,
+    rules: tuple[str, ...] = DEFAULT_RULES,
+    verify: bool = True,
+    **torch_compile_kwargs: Any,
+) -> Any:
+    """``torch.compile`` with graph breaks mended first.
+
+    ``example_inputs``: a tuple of positional args, a dict of keyword args, or
+    ``(args, kwargs)``; without it, the first call's inputs are used. The
+    result carries ``.report`` (a :class:`MendReport`, None until mended).
+    """
+    check_environment()
+    state: dict[str, Any] = {"report": None, "holder": None}
+    mend_lock = threading.Lock()
+
+    def ensure_mended(args: tuple, kwargs: dict) -> None:
+        if state["report"] is not None:
+            return
+        with mend_lock:
+            if state["report"] is None:
+                state["report"] = _mend(model, args, kwargs, rules=rules, verify=verify, silent=True)
+                if state["holder"] is not None:
+                    state["holder"].report = state["report"]
+
+    if example_inputs is not None:
+        ensure_mended(*_split_inputs(example_inputs))
+
+    inner = torch.compile(model, **torch_compile_kwargs)
+
+    if isinstance(model, torch.nn.Module):
+        regions = _Regions()
+
+        def pre_hook(module: Any, args: tuple, kwargs: dict) -> None:
+            ensure_mended(args, kwargs)
+            region = runtime.region()
+            region.__enter__()
+            regions.stack.append(region)
+
+        def post_hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            if regions.stack:
+                regions.stack.pop().__exit__(None, None, None)
+
+        if type(inner) is torch._dynamo.eval_frame.OptimizedModule:
+            inner.__class__ = _MendedModule
+        inner.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        inner.register_forward_hook(post_hook, with_kwargs=True, always_call=True)
+        holder: Any = inner
+    else:
+
+        @functools.wraps(model)
+        def holder(*args: Any, **kwargs: Any) -> Any:
+            ensure_mended(args, kwargs)
+            with runtime.region():
+                return inner(*args, **kwargs)
+
+    holder.report = state["report"]
+    if not isinstance(holder, torch.nn.Module):  # a module is found through ._orig_mod
+        holder._graphmend_source = model
+    state["holder"] = holder
+    return holder
