@@ -164,6 +164,17 @@ def locate(filename: str, line: int, patched: dict[int, "Patch"] | None = None) 
     for node in defs:
         first = _first_line(node)
         matches = [f for f in functions if f.__code__.co_name == node.name and f.__code__.co_firstlineno == first]
+        if not matches and node is not defs[-1]:
+            # A nested function (a closure) lives only as objects its parent
+            # made; find the live ones.
+            matches = [
+                o
+                for o in gc.get_objects()
+                if type(o) is types.FunctionType
+                and o.__code__.co_name == node.name
+                and o.__code__.co_firstlineno == first
+                and _same_file(o.__code__.co_filename, filename)
+            ]
         if matches:
             code = matches[0].__code__
             sharing = [o for o in gc.get_referrers(code) if type(o) is types.FunctionType and o.__code__ is code]
@@ -205,8 +216,8 @@ def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int]
             head = header(node)
             if line <= (head.end_lineno or head.lineno):
                 return body, i
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return None  # a nested definition: its own function is the site
+        if isinstance(node, ast.ClassDef):
+            return None  # a class body runs once, at definition
         for name in ("body", "orelse", "finalbody"):
             inner = getattr(node, name, None)
             if inner:

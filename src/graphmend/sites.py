@@ -146,6 +146,15 @@ def _is_guard_if(node: ast.stmt) -> bool:
     return _raises_only(node.body) or (bool(node.orelse) and _raises_only(node.orelse))
 
 
+def _detail_is_side_effect(event: BreakEvent) -> bool:
+    detail = event.detail
+    return (
+        event.gb_id == "GB0291"
+        or (event.gb_id == "GB0059" and "builtin operator `print`" in detail)
+        or (event.gb_id == "GB0007" and "warnings.warn" in detail)
+    )
+
+
 def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
     """The category of one event at its user statement."""
     gb = event.gb_id or ""
@@ -166,6 +175,8 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
         # A log/print call is the site even when the break is in its
         # arguments (f"{t.item()}") or inside logging itself.
         return "LC"
+    if stmt is None and _detail_is_side_effect(event):
+        return "LC"  # no source to read: trust Dynamo's own description
     if gb in _TI_IDS or "item()" in gb_type or "tolist" in gb_type:
         return "TI"
     if gb == "GB0033" or "data dependent operator" in gb_type:

@@ -1,0 +1,108 @@
+"""The rewrite engine on every function shape the issue names."""
+
+import types
+
+import pytest
+import torch
+
+import engine_cases as C
+import graphmend
+import userpkg
+from effects_capture import CountingBackend, run
+from graphmend import engine
+from graphmend.rules import Decline
+
+X = C.inputs()
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    graphmend.unmend()
+    torch._dynamo.reset()
+
+
+def check(model, *args, **kwargs):
+    """Mend, then compare eager effects and outputs, and count graphs."""
+    eager = run(model, *args, **kwargs)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(args, kwargs))
+    mended = run(compiled, *args, **kwargs)
+    assert compiled.report.applied, compiled.report.outcomes
+    assert mended.effects() == eager.effects()
+    assert torch.equal(mended.output, eager.output)
+    return compiled, backend
+
+
+def test_zero_argument_super_keeps_the_class_cell():
+    compiled, backend = check(C.UsesSuper(), *X)
+    assert len(backend.graphs) == 1
+    assert "__class__" in C.UsesSuper.forward.__code__.co_freevars
+
+
+def test_decorated_method_with_defaults_kwonly_and_varargs():
+    model = C.Decorated()
+    defaults = model.forward.__wrapped__.__defaults__
+    compiled, backend = check(model, *X)
+    inner = C.Decorated.forward.__wrapped__
+    assert inner.__defaults__ == defaults and inner.__kwdefaults__ == {"shift": 1.0}
+    out = run(compiled, X[0], 3.0, 7, 8, shift=0.5, flag=True)
+    assert "decorated tensor(88.) 2 ['flag']" in out.stdout
+
+
+def test_closure_free_variables():
+    fn = C.make_closure(3.0)
+    compiled, backend = check(fn, *X)
+    assert fn.__code__.co_freevars == ("factor",)
+    assert len(backend.graphs) == 1
+
+
+def test_private_name_mangling():
+    compiled, backend = check(C.Private(), *X)
+    assert "_Private__secret" in C.Private.forward.__code__.co_names
+
+
+def test_function_in_package_init():
+    original = userpkg.announce.__code__
+    compiled, backend = check(C.CallsPackage(), *X)
+    assert userpkg.announce.__code__ is not original
+    graphmend.unmend()
+    assert userpkg.announce.__code__ is original
+
+
+def test_staticmethod():
+    compiled, backend = check(C.Static(), *X)
+    assert len(backend.graphs) == 1
+
+
+def test_every_reference_sees_the_new_code():
+    alias = C.UsesSuper.forward  # e.g. a dispatch table holding the function
+    graphmend.mend(C.UsesSuper(), *X)
+    assert alias.__code__ is C.UsesSuper.forward.__code__
+    assert "__graphmend_rt__" in alias.__code__.co_names
+
+
+def test_source_not_available_declines_with_reason():
+    namespace = {}
+    exec(compile("def f(x):\n    print('dyn', x.sum())\n    return x\n", "<generated>", "exec"), namespace)
+    report = graphmend.mend(namespace["f"], *X)
+    (outcome,) = [o for o in report.outcomes if o.category == "LC"]
+    assert outcome.status == "declined" and "source" in outcome.reason
+
+
+def test_locate_outside_a_function_declines(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("x = 1\n")
+    with pytest.raises(Decline, match="not inside a function"):
+        engine.locate(str(path), 1)
+
+
+def test_unmend_restores_exact_code_objects_for_all_shapes():
+    targets = [C.UsesSuper.forward, C.Decorated.forward.__wrapped__, C.Private.forward, C.Static.helper, userpkg.announce]
+    before = [f.__code__ for f in targets]
+    for model in (C.UsesSuper(), C.Decorated(), C.Private(), C.Static(), C.CallsPackage()):
+        graphmend.mend(model, *X)
+    assert [f.__code__ for f in targets] != before
+    graphmend.unmend()
+    assert all(f.__code__ is c for f, c in zip(targets, before))
+    assert all(isinstance(c, types.CodeType) for c in before)

@@ -1,0 +1,82 @@
+"""Issue 3's done-when: zoo rows mended by [Defer] reach one graph with the
+same outputs and log records as the unmended eager model."""
+
+import pytest
+import torch
+
+import graphmend
+from conftest import has_transformers
+from effects_capture import CountingBackend, run
+
+pytestmark = [
+    pytest.mark.zoo,
+    pytest.mark.skipif(not has_transformers(), reason="needs transformers==4.52.4"),
+]
+
+LC_ROWS = ["t5", "whisper", "bart", "marian", "biogpt", "blenderbot", "pegasus-causal", "layoutlmv3"]
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    graphmend.unmend()
+    torch._dynamo.reset()
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def _bitwise(a, b):
+    ta, tb = _tensors(a), _tensors(b)
+    return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+@pytest.mark.parametrize("row", LC_ROWS)
+def test_lc_row_reaches_one_graph_with_identical_outputs_and_logs(row):
+    from graphmend.zoo import build
+
+    model, args, kwargs = build(row)
+    eager = run(model, *args, **kwargs)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(args, kwargs))
+    mended = run(compiled, *args, **kwargs)
+    report = compiled.report
+    assert report.before.graphs > 1 and report.after.graphs == 1
+    assert len(backend.graphs) == 1
+    assert all(o.rule == "defer" and o.status == "applied" for o in report.outcomes)
+    assert _bitwise(eager.output, mended.output)
+    assert mended.effects() == eager.effects()
+    assert eager.records or eager.warnings  # the row really logs
+
+
+def test_longformer_loses_its_lc_breaks_only():
+    from graphmend.zoo import build
+
+    model, args, kwargs = build("longformer")
+    eager = run(model, *args, **kwargs)
+    report = graphmend.mend(model, *args, **kwargs)
+    assert {s.category for s in report.before.sites} == {"LC", "TI"}
+    assert {s.category for s in report.after.sites} == {"TI"}
+    assert report.after.graphs < report.before.graphs
+    mended = run(model, *args, **kwargs)
+    assert _bitwise(eager.output, mended.output)
+
+
+@pytest.mark.slow
+def test_t5_with_inductor_matches_eager_within_tolerance():
+    from graphmend.zoo import build
+
+    model, args, kwargs = build("t5")
+    with torch.no_grad():
+        reference = model(*args, **kwargs)
+    compiled = graphmend.compile(model, backend="inductor", example_inputs=(args, kwargs))
+    mended = run(compiled, *args, **kwargs)
+    assert compiled.report.after.graphs == 1
+    assert torch.allclose(reference.logits, mended.output.logits, atol=1e-5, rtol=1e-5)
