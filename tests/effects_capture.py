@@ -48,8 +48,13 @@ def capture():
 
 
 def run(fn, *args, **kwargs):
-    """Call fn under capture; returns Captured with .output or .exception."""
-    with capture() as cap, torch.no_grad():
+    """Call fn under capture; returns Captured with .output or .exception.
+
+    Once-only logger methods get a private cache, so every run is a "first"
+    call whatever ran before it in the test process."""
+    from graphmend.verify import fresh_once_caches
+
+    with capture() as cap, torch.no_grad(), fresh_once_caches():
         try:
             cap.output = fn(*args, **kwargs)
         except Exception as exc:

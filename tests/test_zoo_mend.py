@@ -80,3 +80,22 @@ def test_t5_with_inductor_matches_eager_within_tolerance():
     mended = run(compiled, *args, **kwargs)
     assert compiled.report.after.graphs == 1
     assert torch.allclose(reference.logits, mended.output.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_analysis_runs_neither_swallow_nor_repeat_warning_once():
+    import logging
+
+    from effects_capture import capture
+    from graphmend.verify import fresh_once_caches
+    from graphmend.zoo import build
+
+    model, args, kwargs = build("t5")
+    with fresh_once_caches():  # a process where the message was never logged
+        compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(args, kwargs))
+        with capture() as first, torch.no_grad():
+            compiled(*args, **kwargs)
+        with capture() as second, torch.no_grad():
+            compiled(*args, **kwargs)
+    assert [r[5][:20] for r in first.records] == ["Passing a tuple of `"]  # shown once, at the user's call
+    assert second.records == []  # and not again
+    assert logging.Logger.warning_once.cache_info().currsize >= 0

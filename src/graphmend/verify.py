@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import logging
 import math
@@ -43,12 +44,23 @@ class Observation:
     warnings: list[tuple] = field(default_factory=list)
 
 
-def _clear_once_caches() -> None:
+@contextlib.contextmanager
+def fresh_once_caches():
+    """Give once-only logger methods (transformers' ``warning_once``) a private
+    cache for the duration: analysis runs neither see the user's earlier
+    messages as already logged nor swallow the user's next one."""
+    saved = {}
     for name in _ONCE_METHODS:
-        method = getattr(logging.Logger, name, None)
-        clear = getattr(method, "cache_clear", None)
-        if clear is not None:
-            clear()
+        method = vars(logging.Logger).get(name)
+        raw = getattr(method, "__wrapped__", None)
+        if raw is not None and hasattr(method, "cache_clear"):
+            saved[name] = method
+            setattr(logging.Logger, name, functools.lru_cache(None)(raw))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(logging.Logger, name, method)
 
 
 @contextlib.contextmanager
@@ -75,6 +87,7 @@ def quiet():
         stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
         stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always")
+        stack.enter_context(fresh_once_caches())
         original = logging.Logger.handle
 
         def handle(self: logging.Logger, record: logging.LogRecord) -> None:
@@ -138,7 +151,6 @@ def observe(
     call_args = copy.deepcopy(args)
     call_kwargs = copy.deepcopy(kwargs)
     out, err = io.StringIO(), io.StringIO()
-    _clear_once_caches()
     region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     with contextlib.ExitStack() as stack:
@@ -147,6 +159,7 @@ def observe(
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
         stack.enter_context(_capture_log_records(obs.records))
+        stack.enter_context(fresh_once_caches())
         caught = stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always")
         stack.enter_context(grad_ctx())
@@ -157,7 +170,6 @@ def observe(
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))
         obs.warnings = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
-    _clear_once_caches()
     obs.stdout, obs.stderr = out.getvalue(), err.getvalue()
     obs.state = module_state(subject)
     return obs
