@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 demo: $(STAMP)
 	$(VENV)/bin/graphmend explain demo; test $$? -le 1
+	$(VENV)/bin/graphmend mend demo; test $$? -le 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q
