@@ -230,6 +230,66 @@ def warn(site: Site, args: tuple, kwargs: dict) -> None:
 
 
 # --------------------------------------------------------------------------
+# [Where] guards: pure checks that Dynamo evaluates while tracing (on shapes,
+# dtypes and grad mode it already guards on), so the compiled graph holds
+# only the predicated form, and eager code takes the original branch whenever
+# a check fails.
+
+
+def predicable(cond: Any) -> bool:
+    """A 0-dim bool tensor, with autograd off: torch.where can stand in for ``if``.
+
+    With grad enabled the original branch runs: ``where`` would give zero
+    instead of ``None`` gradients to the branch not taken, and NaN gradients
+    when that branch has a non-finite derivative."""
+    return (
+        isinstance(cond, torch.Tensor)
+        and cond.dtype == torch.bool
+        and cond.dim() == 0
+        and not torch.is_grad_enabled()
+    )
+
+
+def same_meta(a: Any, b: Any) -> bool:
+    """Both tensors with the same shape, dtype, device and layout, so that
+    ``torch.where(c, a, b)`` neither broadcasts nor promotes."""
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.layout == b.layout
+    )
+
+
+def store(module: Any, name: str, value: Any) -> None:
+    """``module.<name> = value`` for a predicated attribute update: a registered
+    buffer of the same shape and dtype that no other attribute of the module
+    shares is updated in place (its identity, which Dynamo guards on, stays);
+    anything else is rebound, as the original assignment did."""
+    buffers = module.__dict__.get("_buffers", {})
+    current = buffers.get(name)
+    if current is not None and same_meta(current, value) and not _shared(module, name, current):
+        current.copy_(value)
+    else:
+        setattr(module, name, value)
+
+
+def _shared(module: Any, name: str, tensor: Any) -> bool:
+    for key, other in module.__dict__.get("_buffers", {}).items():
+        if key != name and other is tensor:
+            return True
+    for other in module.__dict__.get("_parameters", {}).values():
+        if other is tensor:
+            return True
+    for key, other in module.__dict__.items():
+        if other is tensor:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------
 # flush (plain Python, never traced)
 
 
@@ -364,6 +424,10 @@ def flush(records: list) -> None:
 
 __all__ = [
     "API_VERSION",
+    "predicable",
+    "same_meta",
+    "store",
+    "torch",
     "active",
     "flush",
     "fmt",

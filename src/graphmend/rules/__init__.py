@@ -46,6 +46,26 @@ class RewriteContext:
     def for_function(cls, fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict, filename: str) -> "RewriteContext":
         return cls(fdef=fdef, globals=namespace, filename=filename, local_names=bound_names(fdef))
 
+    def fresh(self, stem: str) -> str:
+        """A local name no code of the function uses."""
+        index = 0
+        while f"_gm_{stem}{index}" in self.local_names:
+            index += 1
+        name = f"_gm_{stem}{index}"
+        self.local_names.add(name)
+        return name
+
+    def torch(self, attr: str) -> ast.expr:
+        """``torch.<attr>``, through the function's own ``torch`` when that name is
+        the real torch module, else through the runtime's."""
+        import torch as _torch
+
+        if "torch" not in self.local_names and self.globals.get("torch") is _torch:
+            base: ast.expr = ast.Name(id="torch", ctx=ast.Load())
+        else:
+            base = self.runtime("torch")
+        return ast.Attribute(value=base, attr=attr, ctx=ast.Load())
+
     def runtime(self, attr: str) -> ast.expr:
         """``__graphmend_rt__.<attr>``, the runtime bound in the function's globals."""
         return ast.Attribute(value=ast.Name(id=RUNTIME_NAME, ctx=ast.Load()), attr=attr, ctx=ast.Load())

@@ -1,0 +1,355 @@
+"""[Where] predicated control flow (category: DC).
+
+## What it rewrites
+A Python ``if`` whose test is a tensor:
+
+* two branches that assign names (one or several): ``if c: y = a else: y = b``;
+* two branches that each ``return`` a value;
+* an update without ``else``: ``if c: h = f(h)``, including several
+  statements, body-local temporaries, and ``self.<attr> = ...`` stores;
+* tests built with ``and`` / ``or`` / ``not`` over tensor reductions, lowered
+  to ``torch.logical_and/or/not``; a static conjunct
+  (``h.dtype == torch.float16 and ...``) stays a Python ``if`` around the
+  predicated part.
+
+## Why the original breaks
+Python must turn the tensor into a bool to choose a branch, so Dynamo stops
+the graph there (GB0170) and compiles each branch separately.
+
+## Example
+```python
+if h.dtype == torch.float16 and torch.isinf(h).any():      # before
+    h = torch.clamp(h, -lim, lim)
+
+if h.dtype == torch.float16:                                # after
+    _gm_c0 = torch.isinf(h).any()
+    if __graphmend_rt__.predicable(_gm_c0):
+        _gm_t0 = torch.clamp(h, -lim, lim)
+        if __graphmend_rt__.same_meta(_gm_t0, h):
+            h = torch.where(_gm_c0, _gm_t0, h)
+        elif _gm_c0:
+            h = _gm_t0
+    elif _gm_c0:
+        h = torch.clamp(h, -lim, lim)                       # the original branch
+```
+Both sides are computed and the result selected. ``predicable`` (a 0-dim
+bool tensor, autograd off) and ``same_meta`` (same shape, dtype, device) are
+decided by Dynamo while tracing, so the graph holds only ``torch.where``;
+when either fails (grad mode, a Python bool, operands that would broadcast)
+the original branch runs, exactly as before. A store to a registered buffer
+updates it in place when nothing else shares it (``runtime.store``).
+
+## When it declines
+- ``elif`` chains, ``while`` loops, branches with statements other than
+  assignments (or a single ``return`` each), tuple targets;
+- a branch value that could raise or act when its branch was not taken:
+  calls outside the pure torch functions and tensor methods, in-place
+  methods, indexing that can go out of range, names unbound on that path;
+- a test whose atoms are not provably tensors (for ``and``/``or``/``not``);
+- a name assigned on one path only and read after the ``if``.
+
+## Fix safety
+Exact by construction when it applies: the original branch is kept for every
+case the guards reject, and autograd always takes it.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from ..analysis import FunctionFacts, bound_before, is_tensor_expr, speculation_blockers
+from . import Decline, Rule, RewriteContext, register
+
+
+def _load(name: str) -> ast.Name:
+    return ast.Name(id=name, ctx=ast.Load())
+
+
+def _store(name: str) -> ast.Name:
+    return ast.Name(id=name, ctx=ast.Store())
+
+
+def _assign(target: ast.expr, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[target], value=value, lineno=0)
+
+
+def _is_self_attr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+class _Substitute(ast.NodeTransformer):
+    """Replace loads of names / self attributes already speculated into temporaries."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.env:
+            return ast.copy_location(_load(self.env[node.id]), node)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        key = ast.unparse(node) if _is_self_attr(node) else None
+        if key is not None and isinstance(node.ctx, ast.Load) and key in self.env:
+            return ast.copy_location(_load(self.env[key]), node)
+        self.generic_visit(node)
+        return node
+
+
+@register
+class Where(Rule):
+    name = "where"
+    categories = frozenset({"DC"})
+    summary = "compute both branches of a tensor-valued if and select with torch.where"
+
+    def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
+        if isinstance(stmt, ast.While):
+            raise Decline("a while loop on a tensor value cannot be predicated")
+        if not isinstance(stmt, ast.If):
+            raise Decline("the break is not at an if statement")
+        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
+            raise Decline("elif chains are not predicated")
+        facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
+        static, tensor_test = self._split_test(stmt.test, facts)
+        bound = bound_before(ctx.fdef, stmt)
+        for reason in speculation_blockers(tensor_test, facts, bound):
+            raise Decline(f"the test: {reason}")
+        self._check_lowerable(tensor_test, facts)
+        lowered = self._lower(tensor_test, facts, ctx)
+        cond = ctx.fresh("c")
+        original_test = _load(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
+        fallback = ast.If(test=original_test, body=copy.deepcopy(stmt.body), orelse=copy.deepcopy(stmt.orelse))
+
+        if self._is_return_form(stmt):
+            predicated = self._returns(stmt, cond, facts, bound, ctx)
+            ctx.notes.append("if/else returns predicated with torch.where")
+        else:
+            predicated = self._assignments(stmt, cond, facts, bound, ctx)
+        guarded: list[ast.stmt] = [
+            _assign(_store(cond), lowered),
+            ast.If(
+                test=ast.Call(func=ctx.runtime("predicable"), args=[_load(cond)], keywords=[]),
+                body=predicated,
+                orelse=[fallback],
+            ),
+        ]
+        if static is not None:
+            ctx.notes.append(f"static test `{ast.unparse(static)}` kept as a Python if")
+            out: list[ast.stmt] = [ast.If(test=static, body=guarded, orelse=copy.deepcopy(stmt.orelse))]
+        else:
+            out = guarded
+        for node in out:
+            ast.copy_location(node, stmt)
+        return [ast.fix_missing_locations(_relocate(node, stmt)) for node in out]
+
+    # -- the test ----------------------------------------------------------------
+
+    def _split_test(self, test: ast.expr, facts: FunctionFacts) -> tuple[ast.expr | None, ast.expr]:
+        """(static conjunct or None, tensor part)."""
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            static = [v for v in test.values if self._is_static(v, facts)]
+            dynamic = [v for v in test.values if not self._is_static(v, facts)]
+            if static and dynamic:
+                if test.values.index(dynamic[0]) < test.values.index(static[-1]):
+                    raise Decline("a static conjunct after a tensor conjunct would change evaluation order")
+                static_expr = static[0] if len(static) == 1 else ast.BoolOp(op=ast.And(), values=static)
+                tensor = dynamic[0] if len(dynamic) == 1 else ast.BoolOp(op=ast.And(), values=dynamic)
+                return static_expr, tensor
+        return None, test
+
+    @staticmethod
+    def _is_static(node: ast.expr, facts: FunctionFacts) -> bool:
+        """A conjunct Dynamo decides while tracing: metadata comparisons, ``is``
+        tests, flags and ``hasattr``/``isinstance``, with no tensor value in it."""
+        if is_tensor_expr(node, facts):
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                if not (isinstance(sub.func, ast.Name) and sub.func.id in ("hasattr", "isinstance", "len")):
+                    return False
+            if isinstance(sub, ast.Attribute) and sub.attr in ("sum", "any", "all", "item", "max", "min"):
+                return False
+        return True
+
+    def _lower(self, node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr:
+        if isinstance(node, ast.BoolOp):
+            fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
+            values = [self._lower(v, facts, ctx) for v in node.values]
+            out = values[0]
+            for v in values[1:]:
+                out = ast.Call(func=ctx.torch(fn), args=[out, v], keywords=[])
+            return out
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            inner = self._lower(node.operand, facts, ctx)
+            if not self._tensor_atom(node.operand, facts):
+                raise Decline(f"`not` of `{ast.unparse(node.operand)}`, which is not provably a tensor")
+            return ast.Call(func=ctx.torch("logical_not"), args=[inner], keywords=[])
+        if self._has_boolops(node):
+            raise Decline("and/or nested inside another expression")
+        return node
+
+    def _tensor_atom(self, node: ast.expr, facts: FunctionFacts) -> bool:
+        if isinstance(node, ast.BoolOp):
+            return all(self._tensor_atom(v, facts) for v in node.values)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return self._tensor_atom(node.operand, facts)
+        return is_tensor_expr(node, facts)
+
+    @staticmethod
+    def _has_boolops(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.BoolOp) or (isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)) for n in ast.walk(node))
+
+    def _check_lowerable(self, test: ast.expr, facts: FunctionFacts) -> None:
+        if isinstance(test, (ast.BoolOp,)) or (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
+            if not self._tensor_atom(test, facts):
+                raise Decline("and/or/not over values not all provably tensors")
+
+    # -- return form -------------------------------------------------------------
+
+    @staticmethod
+    def _is_return_form(stmt: ast.If) -> bool:
+        return (
+            len(stmt.body) == 1
+            and len(stmt.orelse) == 1
+            and isinstance(stmt.body[0], ast.Return)
+            and isinstance(stmt.orelse[0], ast.Return)
+            and stmt.body[0].value is not None
+            and stmt.orelse[0].value is not None
+        )
+
+    def _returns(self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext) -> list[ast.stmt]:
+        values = []
+        body: list[ast.stmt] = []
+        for ret, side in ((stmt.body[0], "t"), (stmt.orelse[0], "f")):
+            assert isinstance(ret, ast.Return) and ret.value is not None
+            for reason in speculation_blockers(ret.value, facts, bound):
+                raise Decline(f"a returned value: {reason}")
+            temp = ctx.fresh(side)
+            body.append(_assign(_store(temp), copy.deepcopy(ret.value)))
+            values.append(temp)
+        where = ast.Call(func=ctx.torch("where"), args=[_load(cond), _load(values[0]), _load(values[1])], keywords=[])
+        body.append(
+            ast.If(
+                test=ast.Call(func=ctx.runtime("same_meta"), args=[_load(values[0]), _load(values[1])], keywords=[]),
+                body=[ast.Return(value=where)],
+                orelse=[ast.Return(value=ast.IfExp(test=_load(cond), body=_load(values[0]), orelse=_load(values[1])))],
+            )
+        )
+        return body
+
+    # -- assignment form ---------------------------------------------------------
+
+    def _assignments(self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext) -> list[ast.stmt]:
+        body: list[ast.stmt] = []
+        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body)
+        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body)
+        targets = list(dict.fromkeys(list(true_env) + list(false_env)))
+        if not targets:
+            raise Decline("the branches assign nothing")
+        read_after = self._read_outside(ctx.fdef, stmt)
+        selects: list[tuple[str, str, str]] = []  # (target, true temp/expr, false temp/expr)
+        for target in targets:
+            is_attr = target.startswith("self.")
+            pre_bound = is_attr or target in bound
+            if not pre_bound and (target not in true_env or target not in false_env):
+                if target in read_after:
+                    raise Decline(f"`{target}` is assigned on one path only and read after the if")
+                continue  # a temporary of one branch, never read afterwards
+            selects.append((target, true_env.get(target, target), false_env.get(target, target)))
+        if not selects:
+            raise Decline("the branches only assign temporaries")
+        meta_checks = [
+            ast.Call(func=ctx.runtime("same_meta"), args=[self._ref(t), self._ref(f)], keywords=[])
+            for _, t, f in selects
+        ]
+        guard = meta_checks[0] if len(meta_checks) == 1 else ast.BoolOp(op=ast.And(), values=meta_checks)
+        predicated: list[ast.stmt] = []
+        chosen_true: list[ast.stmt] = []
+        chosen_false: list[ast.stmt] = []
+        for target, t, f in selects:
+            where = ast.Call(func=ctx.torch("where"), args=[_load(cond), self._ref(t), self._ref(f)], keywords=[])
+            predicated.append(self._store_stmt(target, where, ctx))
+            if t != target:
+                chosen_true.append(self._store_stmt(target, self._ref(t), ctx, plain=True))
+            if f != target:
+                chosen_false.append(self._store_stmt(target, self._ref(f), ctx, plain=True))
+        body.append(
+            ast.If(
+                test=guard,
+                body=predicated,
+                orelse=[ast.If(test=_load(cond), body=chosen_true or [ast.Pass()], orelse=chosen_false)],
+            )
+        )
+        kinds = "buffer/attribute" if any(t.startswith("self.") for t, _, _ in selects) else "names"
+        ctx.notes.append(
+            f"{'if/else' if stmt.orelse else 'if'} predicated with torch.where ({', '.join(t for t, _, _ in selects)}; {kinds})"
+        )
+        return body
+
+    @staticmethod
+    def _ref(name: str) -> ast.expr:
+        if name.startswith("self."):
+            return ast.Attribute(value=_load("self"), attr=name[5:], ctx=ast.Load())
+        return _load(name)
+
+    @staticmethod
+    def _store_stmt(target: str, value: ast.expr, ctx: RewriteContext, plain: bool = False) -> ast.stmt:
+        if target.startswith("self."):
+            if plain:
+                return _assign(ast.Attribute(value=_load("self"), attr=target[5:], ctx=ast.Store()), value)
+            call = ast.Call(
+                func=ctx.runtime("store"), args=[_load("self"), ast.Constant(target[5:]), value], keywords=[]
+            )
+            return ast.Expr(value=call)
+        return _assign(_store(target), value)
+
+    def _speculate(
+        self,
+        block: list[ast.stmt],
+        side: str,
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        out: list[ast.stmt],
+    ) -> dict[str, str]:
+        env: dict[str, str] = {}
+        known = set(bound)
+        for node in block:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                raise Decline("a branch holds a statement other than a single-target assignment")
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                key = target.id
+            elif _is_self_attr(target):
+                key = ast.unparse(target)
+            else:
+                raise Decline(f"assignment to `{ast.unparse(target)}` (only names and self.<attr> are predicated)")
+            for reason in speculation_blockers(node.value, facts, known | set(env)):
+                raise Decline(f"`{ast.unparse(node)}`: {reason}")
+            value = _Substitute(env).visit(copy.deepcopy(node.value))
+            temp = ctx.fresh(side)
+            out.append(_assign(_store(temp), value))
+            env[key] = temp
+            known.add(key)
+        return env
+
+    @staticmethod
+    def _read_outside(fdef: ast.AST, stmt: ast.stmt) -> set[str]:
+        inside = {id(n) for n in ast.walk(stmt)}
+        return {
+            n.id
+            for n in ast.walk(fdef)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
+        }
+
+
+def _relocate(node: ast.AST, origin: ast.stmt) -> ast.AST:
+    """Give generated nodes the original statement's location (tracebacks and
+    warnings keep pointing at the user's line)."""
+    for sub in ast.walk(node):
+        if "lineno" in sub._attributes and getattr(sub, "lineno", 0) in (None, 0):
+            ast.copy_location(sub, origin)
+    return node
+
+
