@@ -311,3 +311,103 @@ def _block_assigned(block: list[ast.stmt]) -> tuple[set[str], bool]:
 
 def names_read(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+# --------------------------------------------------------------------------
+# whole-function purity (for hoisting a memoised initialiser)
+
+PURE_GLOBAL_CALLS = frozenset(
+    {"len", "int", "float", "bool", "str", "getattr", "hasattr", "isinstance", "min", "max", "abs", "range",
+     "tuple", "list", "dict", "sorted", "round", "sum", "any", "all", "zip", "enumerate"}
+)
+PURE_MODULE_PREFIXES = ("math.",)
+_PURE_METHODS_ANY_RECEIVER = frozenset({"get", "keys", "values", "items", "copy"})
+_TORCH_FACTORIES = frozenset({"tensor", "arange", "ones", "zeros", "full", "linspace", "empty", "eye", "float32",
+                              "int64", "device"})
+
+
+def function_impurities(fn: Any, depth: int = 0) -> list[str]:
+    """Why ``fn`` may have effects beyond its return value (empty: pure).
+
+    Pure here means: it only binds locals, reads attributes and items, and
+    calls pure builtins, ``math``, torch's pure functions and factories,
+    tensor methods that do not mutate, ``dict.get`` and other functions
+    that are pure by the same test (two levels deep). It may raise."""
+    import inspect
+    import textwrap
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return [f"{getattr(fn, '__name__', fn)!s} has no Python source"]
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return [f"the source of {fn.__qualname__} is not available"]
+    fdef = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if fdef is None:
+        return [f"{fn.__qualname__} is not a plain function"]
+    namespace = getattr(fn, "__globals__", {})
+    from .rules import bound_names
+
+    local = bound_names(fdef)
+    out: list[str] = []
+    # Building the exception of a `raise` is part of raising, which is allowed.
+    in_raise = {id(n) for r in ast.walk(fdef) if isinstance(r, ast.Raise) for n in ast.walk(r)}
+    for node in ast.walk(fdef):
+        if node is fdef or id(node) in in_raise:
+            continue
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            out.append(f"{fn.__qualname__} declares global/nonlocal names")
+        elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+            out.append(f"{fn.__qualname__} is a generator or coroutine")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
+                        base = sub.value
+                        while isinstance(base, (ast.Attribute, ast.Subscript)):
+                            base = base.value
+                        if not (isinstance(base, ast.Name) and base.id in local and base.id not in _param_names(fdef)):
+                            out.append(f"{fn.__qualname__} stores into `{ast.unparse(sub)}`")
+        elif isinstance(node, ast.Call):
+            reason = _impure_call(node, namespace, local, depth, fn.__qualname__)
+            if reason:
+                out.append(reason)
+    return out
+
+
+def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    args = fdef.args
+    names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    for extra in (args.vararg, args.kwarg):
+        if extra is not None:
+            names.add(extra.arg)
+    return names
+
+
+def _impure_call(call: ast.Call, namespace: dict[str, Any], local: set[str], depth: int, owner: str) -> str | None:
+    func = call.func
+    dotted = ast.unparse(func)
+    if isinstance(func, ast.Name):
+        if func.id in local:
+            return f"{owner} calls the local `{func.id}`"
+        if func.id in PURE_GLOBAL_CALLS and func.id not in namespace:
+            return None
+        target = namespace.get(func.id)
+        if target is not None and depth < 2 and callable(target) and hasattr(target, "__code__"):
+            inner = function_impurities(target, depth + 1)
+            return inner[0] if inner else None
+        return f"{owner} calls `{func.id}`, not known to be pure"
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        if isinstance(base, ast.Name) and base.id not in local:
+            module = namespace.get(base.id)
+            if module is torch and (func.attr in PURE_TORCH_FUNCTIONS or func.attr in _TORCH_FACTORIES):
+                return None
+            if getattr(module, "__name__", None) == "math":
+                return None
+        if func.attr in _PURE_METHODS_ANY_RECEIVER or (func.attr in PURE_TENSOR_METHODS and not func.attr.endswith("_")):
+            return None
+    return f"{owner} calls `{dotted}`, not known to be pure"

@@ -201,6 +201,7 @@ class SiteRewrite:
     ok: bool = False
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    memo_attrs: set[str] = field(default_factory=set)
 
 
 def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int] | None:
@@ -232,9 +233,9 @@ def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int]
     return None
 
 
-def rewrite(located: Located, sites: list[SiteRewrite]) -> FunctionNode:
+def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> FunctionNode:
     """Apply each site's rule to its statement in ``located.node`` (in place)."""
-    ctx = RewriteContext.for_function(located.node, located.namespace, located.filename)
+    ctx = RewriteContext.for_function(located.node, located.namespace, located.filename, model)
     # Bottom-up so that replacing one statement never moves another's index.
     for site in sorted(sites, key=lambda s: s.line, reverse=True):
         found = _statement_in(located.node.body, site.line)
@@ -243,6 +244,7 @@ def rewrite(located: Located, sites: list[SiteRewrite]) -> FunctionNode:
             continue
         body, index = found
         ctx.notes = []
+        ctx.memo_attrs = set()
         try:
             replacement = site.rule.rewrite(body[index], ctx)
         except Decline as exc:
@@ -254,6 +256,7 @@ def rewrite(located: Located, sites: list[SiteRewrite]) -> FunctionNode:
         body[index : index + 1] = replacement
         site.ok = True
         site.notes = list(ctx.notes)
+        site.memo_attrs = set(ctx.memo_attrs)
     return located.node
 
 

@@ -110,6 +110,7 @@ class Mending:
 
     def __init__(self) -> None:
         self.patches: list[engine.Patch] = []
+        self.memo_attrs: set[str] = set()  # attributes rewrites may create early (not state differences)
 
     def by_code(self) -> dict[int, engine.Patch]:
         return {id(p.new_code): p for p in self.patches}
@@ -146,6 +147,7 @@ def _outcome(site: BreakSite, status: str, reason: str, rule: str | None, notes:
 
 
 def _apply_round(
+    model: Any,
     sites: list[BreakSite],
     enabled: tuple[str, ...],
     outcomes: dict[tuple[str, int], SiteOutcome],
@@ -175,7 +177,7 @@ def _apply_round(
         entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule)))
     applied = 0
     for located, pairs in by_function.values():
-        node = engine.rewrite(located, [r for _, r in pairs])
+        node = engine.rewrite(located, [r for _, r in pairs], model)
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
@@ -203,6 +205,7 @@ def _apply_round(
             mending.patches.append(patch)
             groups[len(mending.patches) - 1] = [_key(s) for s, _ in ok]
         for site, rw in ok:
+            mending.memo_attrs |= rw.memo_attrs
             outcomes[_key(site)] = _outcome(
                 site, "applied", "; ".join(rw.notes) or f"rewritten by [{site.rule}]", site.rule, rw.notes
             )
@@ -211,8 +214,9 @@ def _apply_round(
     return applied
 
 
-def _verify(target: Target, baseline: Observation, grad: bool) -> list[str]:
-    return compare(baseline, observe(target.model, target.args, target.kwargs, in_region=True, grad=grad))
+def _verify(target: Target, baseline: Observation, grad: bool, memo_attrs: set[str] = frozenset()) -> list[str]:
+    mended = observe(target.model, target.args, target.kwargs, in_region=True, grad=grad)
+    return compare(baseline, mended, memo_attrs=memo_attrs)
 
 
 def mend_target(
@@ -240,7 +244,7 @@ def mend_target(
         if not pending:
             break
         rounds += 1
-        applied = _apply_round(pending, rules, outcomes, mending, groups)
+        applied = _apply_round(target.model, pending, rules, outcomes, mending, groups)
         if applied == 0:
             break
         current = _retrace(target, grad)
@@ -248,7 +252,7 @@ def mend_target(
     verified: bool | None = None
     if verify and mending.patches:
         assert baseline is not None
-        differences = _verify(target, baseline, grad)
+        differences = _verify(target, baseline, grad, mending.memo_attrs)
         verified = not differences
         if differences:
             current = _bisect(target, baseline, grad, mending, groups, outcomes, differences)
@@ -296,7 +300,7 @@ def _bisect(
             fn.__code__ = patch.new_code
         patch.located.namespace.setdefault(engine.RUNTIME_NAME, engine.runtime)
         torch._dynamo.reset()
-        diff = _verify(target, baseline, grad)
+        diff = _verify(target, baseline, grad, mending.memo_attrs)
         if diff:
             for fn in patch.located.functions:
                 fn.__code__ = patch.original_code

@@ -276,6 +276,24 @@ def store(module: Any, name: str, value: Any) -> None:
         setattr(module, name, value)
 
 
+def register_buffer(module: Any, name: str, value: Any, persistent: bool = True) -> None:
+    """``module.register_buffer(name, value, persistent=...)`` for a merged
+    branch: an existing buffer with the same persistence is updated in place
+    when nothing else shares it; otherwise the original call runs."""
+    buffers = module.__dict__.get("_buffers", {})
+    current = buffers.get(name)
+    same_flag = (name not in module.__dict__.get("_non_persistent_buffers_set", set())) == bool(persistent)
+    if current is not None and same_flag and same_meta(current, value) and not _shared(module, name, current):
+        current.copy_(value)
+    else:
+        module.register_buffer(name, value, persistent=persistent)
+
+
+def on_device(tensor: Any, device: Any) -> bool:
+    """``tensor.to(device)`` would return ``tensor`` itself."""
+    return isinstance(tensor, torch.Tensor) and tensor.device == torch.device(device)
+
+
 def _shared(module: Any, name: str, tensor: Any) -> bool:
     for key, other in module.__dict__.get("_buffers", {}).items():
         if key != name and other is tensor:
@@ -424,7 +442,9 @@ def flush(records: list) -> None:
 
 __all__ = [
     "API_VERSION",
+    "on_device",
     "predicable",
+    "register_buffer",
     "same_meta",
     "store",
     "torch",

@@ -193,7 +193,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a, b))
 
 
-def _diff_values(a: Any, b: Any, path: str, out: list[str]) -> None:
+def _diff_values(a: Any, b: Any, path: str, out: list[str], depth: int = 0) -> None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             out.append(f"{path}: tensor vs {type(b).__name__ if isinstance(a, torch.Tensor) else type(a).__name__}")
@@ -212,16 +212,19 @@ def _diff_values(a: Any, b: Any, path: str, out: list[str]) -> None:
             out.append(f"{path}: keys {list(a.keys())} vs {list(b.keys())}")
             return
         for k in a:
-            _diff_values(a[k], b[k], f"{path}.{k}", out)
+            _diff_values(a[k], b[k], f"{path}.{k}", out, depth)
         return
     if isinstance(a, (list, tuple)):
         if len(a) != len(b):
             out.append(f"{path}: length {len(a)} vs {len(b)}")
             return
         for i, (x, y) in enumerate(zip(a, b)):
-            _diff_values(x, y, f"{path}[{i}]", out)
+            _diff_values(x, y, f"{path}[{i}]", out, depth)
         return
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return
+    if depth < 4 and hasattr(a, "__dict__") and not isinstance(a, (type, torch.nn.Module)) and not callable(a):
+        _diff_values(vars(a), vars(b), path, out, depth + 1)  # e.g. a transformers Cache: compare its fields
         return
     try:
         same = a == b
@@ -232,15 +235,21 @@ def _diff_values(a: Any, b: Any, path: str, out: list[str]) -> None:
         out.append(f"{path}: {a!r} vs {b!r}")
 
 
-def compare(original: Observation, mended: Observation) -> list[str]:
-    """Differences, one line each; empty when the behaviour is identical."""
+def compare(original: Observation, mended: Observation, memo_attrs: Any = frozenset()) -> list[str]:
+    """Differences, one line each; empty when the behaviour is identical.
+
+    ``memo_attrs``: attribute names a rewrite declared as private memo state
+    it may create early (reported with the rewrite); their presence on the
+    mended side alone is not a difference."""
     out: list[str] = []
     if original.exception != mended.exception:
         out.append(f"exception: {original.exception} vs {mended.exception}")
     _diff_values(original.output, mended.output, "output", out)
-    if original.state.keys() != mended.state.keys():
-        only_a = sorted(set(original.state) - set(mended.state))
-        only_b = sorted(set(mended.state) - set(original.state))
+    extra = {k for k in set(mended.state) - set(original.state) if k.rsplit(".", 1)[-1].split(":")[-1] in memo_attrs}
+    mended_keys = set(mended.state) - extra
+    if set(original.state) != mended_keys:
+        only_a = sorted(set(original.state) - mended_keys)
+        only_b = sorted(mended_keys - set(original.state))
         out.append(f"module state: attributes only in the original {only_a}, only when mended {only_b}")
     else:
         for key in original.state:

@@ -41,10 +41,27 @@ class RewriteContext:
     filename: str
     local_names: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)  # what the rule did, for the report
+    model: Any = None  # the target, for facts only the live objects know
+    memo_attrs: set[str] = field(default_factory=set)  # attributes a rewrite may now create early
+
+    def attribute_values(self, attr: str) -> list[Any]:
+        """Distinct values of ``<module>.<attr>`` over the live target's modules."""
+        import torch
+
+        if not isinstance(self.model, torch.nn.Module):
+            return []
+        values: list[Any] = []
+        for module in self.model.modules():
+            value = module.__dict__.get(attr, getattr(type(module), attr, None))
+            if value is not None and not any(value is v for v in values):
+                values.append(value)
+        return values
 
     @classmethod
-    def for_function(cls, fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict, filename: str) -> "RewriteContext":
-        return cls(fdef=fdef, globals=namespace, filename=filename, local_names=bound_names(fdef))
+    def for_function(
+        cls, fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict, filename: str, model: Any = None
+    ) -> "RewriteContext":
+        return cls(fdef=fdef, globals=namespace, filename=filename, local_names=bound_names(fdef), model=model)
 
     def fresh(self, stem: str) -> str:
         """A local name no code of the function uses."""
