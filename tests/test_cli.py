@@ -119,3 +119,26 @@ def test_zoo_listing(capsys):
                  "pegasus-causal", "layoutlmv3", "phi3-longrope", "longformer", "grounding-dino", "clap"):
         assert name in rows
     assert "t5-small" in rows["t5"]["paper_models"]
+
+
+def test_mend_demo_json(capsys):
+    import graphmend
+
+    code, out, err = run(capsys, "mend", "demo", "--json")
+    graphmend.unmend()
+    data = json.loads(out)
+    status = {s["category"]: s["status"] for s in data["sites"] if s["category"] in ("DC", "TI")}
+    assert status == {"DC": "applied", "TI": "out of scope"}
+    assert all(s["status"] == "applied" for s in data["sites"] if s["category"] == "LC")
+    assert data["verified"] is True and data["graphs_after"] < data["graphs_before"]
+    assert code == 1  # breaks remain (the TI site)
+
+
+def test_mend_unknown_rule_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "mend", "demo", "--rules", "where,bogus")
+    assert code == 2 and "unknown rule(s) bogus" in err
+
+
+def test_rules_listing(capsys):
+    code, out, _ = run(capsys, "rules")
+    assert code == 0 and "defer" in out and "where" in out

@@ -99,3 +99,65 @@ def test_analysis_runs_neither_swallow_nor_repeat_warning_once():
     assert [r[5][:20] for r in first.records] == ["Passing a tuple of `"]  # shown once, at the user's call
     assert second.records == []  # and not again
     assert logging.Logger.warning_once.cache_info().currsize >= 0
+
+
+def _fp16_overflowing(row):
+    from graphmend.zoo import build
+
+    model, args, kwargs = build(row)
+    with torch.no_grad():  # make the encoder's first layer overflow fp16 so the clamp runs
+        model.model.encoder.layers[0].final_layer_norm.weight.fill_(60000.0)
+    return model, args, kwargs
+
+
+@pytest.mark.parametrize("row", ["bart-fp16", "marian-fp16"])
+@pytest.mark.parametrize("overflow", [False, True], ids=["normal", "overflow"])
+def test_fp16_rows_reach_one_graph_and_stay_exact(row, overflow):
+    import copy
+
+    from graphmend.zoo import build
+
+    model, args, kwargs = _fp16_overflowing(row) if overflow else build(row)
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(args, kwargs))
+    report = compiled.report
+    assert {o.category for o in report.outcomes if o.status == "applied"} == {"DC", "LC"}
+    assert report.after.breaks == 0 and len(backend.graphs) <= 1
+    seen = []
+    hook = reference.model.encoder.layers[0].register_forward_hook(lambda m, i, o: seen.append(o[0].abs().max()))
+    eager = run(reference, *args, **kwargs)
+    hook.remove()
+    mended = run(compiled, *args, **kwargs)
+    limit = float(torch.tensor(torch.finfo(torch.float16).max - 1000, dtype=torch.float16))
+    assert (float(seen[0]) == limit) == overflow  # the clamp really ran (or really did not)
+    ta, tb = _tensors(eager.output), _tensors(mended.output)
+    assert len(ta) == len(tb)
+    for x, y in zip(ta, tb):
+        # Bit for bit, except NaN payloads: the counting backend's fp16 graph
+        # and eager produce different NaN bits for the unmended model too.
+        nan = torch.isnan(x)
+        assert torch.equal(nan, torch.isnan(y)) and torch.equal(x[~nan], y[~nan])
+    assert mended.effects() == eager.effects()
+
+
+def test_phi3_longrope_both_sides_of_the_threshold_without_recompile():
+    import copy
+
+    from graphmend.zoo import build
+
+    model, args, kwargs = build("phi3-longrope")
+    ids = kwargs["input_ids"]
+    short = torch.arange(ids.shape[1]).unsqueeze(0)  # max position 7 < 16
+    long = short + 30  # max position 37 > 16: the long-factor branch
+    calls = [dict(kwargs, position_ids=p) for p in (short, long, short)]
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=((), calls[0]))
+    assert compiled.report.before.breaks == 5 and compiled.report.after.breaks == 0
+    for call in calls:
+        eager = run(reference, **call)
+        mended = run(compiled, **call)
+        assert _bitwise(eager.output, mended.output)
+        assert torch.equal(reference.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
+    assert len(backend.graphs) == 1  # one graph, no recompile over the three calls
