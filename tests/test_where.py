@@ -53,6 +53,14 @@ def test_form_on_both_branches(cls):
     check_form(cls, [(P,), (N,), (P * 0.1,)])
 
 
+@pytest.mark.parametrize("cls", [B.ModuleCall, B.TwoModules], ids=lambda c: c.__name__)
+def test_branches_calling_modules_use_torch_cond(cls):
+    torch.manual_seed(0)
+    _, report = check_form(cls, [(P,), (N,), (P * 0.5,)])
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert "torch.cond" in dc.reason and "only the taken one runs" in dc.reason
+
+
 def test_or_guard_on_finite_inf_and_nan_inputs():
     weird = P.clone()
     weird[0, 0] = float("inf")
@@ -100,7 +108,7 @@ DECLINES = [
     (B.Elif, "elif"),
     (B.Loop, "while loop"),
     (B.PrintInBranch, "statement other than a single-target assignment"),
-    (B.ModuleCall, "not a known pure tensor method"),
+    (B.CustomModuleCall, "Counter, not a known stateless layer"),
     (B.Indexing, "indexing"),
     (B.OnePathOnly, "assigned on one path only and read after"),
     (B.InPlace, "mutates its receiver"),

@@ -244,10 +244,17 @@ def mend_target(
         if not pending:
             break
         rounds += 1
+        snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
+        codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
         applied = _apply_round(target.model, pending, rules, outcomes, mending, groups)
         if applied == 0:
             break
-        current = _retrace(target, grad)
+        try:
+            current = _retrace(target, grad)
+        except Exception as exc:  # the mended code does not compile: undo this round
+            _undo_round(mending, snapshot, codes, groups, outcomes, exc)
+            current = _retrace(target, grad)
+            break
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -274,6 +281,32 @@ def mend_target(
         rules=tuple(rules),
     )
     return report, mending
+
+
+def _undo_round(
+    mending: Mending,
+    snapshot: tuple[list[engine.Patch], dict[int, list[tuple[str, int]]], dict[tuple[str, int], SiteOutcome]],
+    codes: dict[int, tuple[Any, Any]],
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    exc: Exception,
+) -> None:
+    patches, old_groups, old_outcomes = snapshot
+    for patch in mending.patches:
+        if patch not in patches:
+            patch.uninstall()
+    for fn, code in codes.values():
+        fn.__code__ = code
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for key, outcome in outcomes.items():
+        if key not in old_outcomes or old_outcomes[key] is not outcome:
+            if outcome.status == "applied":
+                outcome.status = "reverted"
+                outcome.reason = f"the rewritten code failed under torch.compile: {type(exc).__name__}: {message}"
+    mending.patches[:] = patches
+    groups.clear()
+    groups.update(old_groups)
+    torch._dynamo.reset()
 
 
 def _retrace(target: Target, grad: bool) -> ExplainReport:

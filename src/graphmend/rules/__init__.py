@@ -52,7 +52,13 @@ class RewriteContext:
             return []
         values: list[Any] = []
         for module in self.model.modules():
-            value = module.__dict__.get(attr, getattr(type(module), attr, None))
+            value = None
+            for store in ("_modules", "_parameters", "_buffers"):
+                value = module.__dict__.get(store, {}).get(attr)
+                if value is not None:
+                    break
+            if value is None:
+                value = module.__dict__.get(attr, getattr(type(module), attr, None))
             if value is not None and not any(value is v for v in values):
                 values.append(value)
         return values

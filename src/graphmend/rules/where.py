@@ -128,7 +128,16 @@ class Where(Rule):
         elif self._is_trailing_call_form(stmt):
             predicated = self._trailing_call(stmt, cond, facts, bound, ctx, guards)
         else:
-            predicated = self._assignments(stmt, cond, facts, bound, ctx)
+            try:
+                predicated = self._assignments(stmt, cond, facts, bound, ctx)
+            except Decline as where_reason:
+                calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
+                if not calls:
+                    raise
+                try:
+                    predicated = self._cond(stmt, cond, facts, bound, ctx, guards)
+                except Decline as cond_reason:
+                    raise Decline(f"torch.where: {where_reason.reason}; torch.cond: {cond_reason.reason}") from None
         check: ast.expr = ast.Call(func=ctx.runtime("predicable"), args=[_load(cond)], keywords=[])
         if guards:
             check = ast.BoolOp(op=ast.And(), values=[check, *guards])
@@ -239,6 +248,140 @@ class Where(Rule):
             )
         )
         return body
+
+    # -- torch.cond: branches that call modules or functions -----------------------
+
+    def _cond(
+        self,
+        stmt: ast.If,
+        cond: str,
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr],
+    ) -> list[ast.stmt]:
+        """Run only the branch the test picks, inside the graph, with torch.cond.
+
+        Chosen when a branch calls modules or functions: computing both sides
+        would double their cost (or run effects). The callees must be pure:
+        standard stateless torch.nn layers in eval mode (checked while
+        tracing), or functions whose source is pure."""
+        targets: list[str] = []
+        for block in (stmt.body, stmt.orelse):
+            for node in block:
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                    raise Decline("a branch holds a statement other than an assignment to a name")
+                if node.targets[0].id not in targets:
+                    targets.append(node.targets[0].id)
+        read_after = self._read_outside(ctx.fdef, stmt)
+        outputs: list[str] = []
+        for name in targets:
+            in_true = any(n.targets[0].id == name for n in stmt.body)  # type: ignore[attr-defined]
+            in_false = any(n.targets[0].id == name for n in stmt.orelse)  # type: ignore[attr-defined]
+            if not (in_true and in_false) and name not in bound:
+                if name in read_after:
+                    raise Decline(f"`{name}` is assigned on one path only and read after the if")
+                continue
+            outputs.append(name)
+        if not outputs:
+            raise Decline("the branches only assign temporaries")
+        for block in (stmt.body, stmt.orelse):
+            known = set(bound)
+            for node in block:
+                for name in sorted(n.id for n in ast.walk(node.value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)):  # type: ignore[attr-defined]
+                    if name in facts.local_names and name not in known:
+                        raise Decline(f"`{name}` may be unbound in a branch")
+                for call in (n for n in ast.walk(node.value) if isinstance(n, ast.Call)):  # type: ignore[attr-defined]
+                    guard = self._pure_callee(call, facts, ctx)
+                    if guard is not None:
+                        guards.append(guard)
+                known.add(node.targets[0].id)  # type: ignore[attr-defined]
+        functions: list[ast.stmt] = []
+        names: list[str] = []
+        for side, block in (("true", stmt.body), ("false", stmt.orelse)):
+            fname = ctx.fresh(f"{side}_branch")
+            names.append(fname)
+            env: dict[str, str] = {}
+            inner: list[ast.stmt] = []
+            for node in block:
+                value = _Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]
+                temp = ctx.fresh("t" if side == "true" else "f")
+                inner.append(_assign(_store(temp), value))
+                env[node.targets[0].id] = temp  # type: ignore[attr-defined]
+            # torch.cond forbids returning an input as is: an unchanged value is cloned.
+            result = ast.Tuple(
+                elts=[
+                    _load(env[o]) if o in env
+                    else ast.Call(func=ast.Attribute(value=_load(o), attr="clone", ctx=ast.Load()), args=[], keywords=[])
+                    for o in outputs
+                ],
+                ctx=ast.Load(),
+            )
+            functions.append(
+                ast.FunctionDef(
+                    name=fname,
+                    args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+                    body=[*inner, ast.Return(value=result)],
+                    decorator_list=[],
+                    returns=None,
+                )
+            )
+        call = ast.Call(
+            func=ctx.torch("cond"),
+            args=[_load(cond), _load(names[0]), _load(names[1]), ast.Tuple(elts=[], ctx=ast.Load())],
+            keywords=[],
+        )
+        target = ast.Tuple(elts=[_store(o) for o in outputs], ctx=ast.Store())
+        ctx.notes.append(
+            f"torch.cond ({', '.join(outputs)}): the branches call modules or functions, so only the taken one runs"
+        )
+        return [*functions, _assign(target, call)]
+
+    _PURE_MODULES = (
+        "Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
+        "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
+        "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList",
+    )
+
+    def _pure_callee(self, call: ast.Call, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr | None:
+        """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
+        import torch
+
+        from ..analysis import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, function_impurities
+
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and facts.resolves_to_torch(func.value.id):
+            if func.attr in PURE_TORCH_FUNCTIONS:
+                return None
+            raise Decline(f"torch.{func.attr} is not on the list of pure torch functions")
+        if isinstance(func, ast.Attribute) and func.value is not None and not _is_self_attr(func):
+            if func.attr in PURE_TENSOR_METHODS:
+                return None
+            raise Decline(f"`.{func.attr}(...)` is not a known pure method")
+        if _is_self_attr(func):
+            modules = ctx.attribute_values(func.attr)  # type: ignore[union-attr]
+            if not modules:
+                raise Decline(f"`{ast.unparse(func)}` could not be resolved on the live model")
+            train_dependent = False
+            for module in modules:
+                if not isinstance(module, torch.nn.Module):
+                    raise Decline(f"`{ast.unparse(func)}` is not a module")
+                for sub in module.modules():
+                    if type(sub).__module__.startswith("torch.nn") and type(sub).__name__ in self._PURE_MODULES:
+                        train_dependent |= type(sub).__name__ == "Dropout"
+                        continue
+                    raise Decline(f"`{ast.unparse(func)}` contains {type(sub).__name__}, not a known stateless layer")
+            if not train_dependent:
+                return None
+            # Dropout draws random numbers in training mode: Dynamo checks `.training`.
+            return ast.UnaryOp(op=ast.Not(), operand=ast.Attribute(value=copy.deepcopy(func), attr="training", ctx=ast.Load()))
+        value = ctx.value_of(func)
+        if value is None:
+            raise Decline(f"`{ast.unparse(func)}` could not be resolved")
+        impure = function_impurities(value)
+        if impure:
+            raise Decline(impure[0])
+        return None
 
     # -- common trailing call (register_buffer) -----------------------------------
 
