@@ -122,6 +122,9 @@ def is_tensor_expr(node: ast.AST, facts: FunctionFacts, depth: int = 0) -> bool:
     if depth > _MAX_TRACE:
         return False
     if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "__graphmend_rt__":
+            return func.attr in ("equal",)  # the runtime's tensor-valued torch.equal
         fn = _is_torch_attr(node.func, facts)
         if fn is not None:
             return fn in PURE_TORCH_FUNCTIONS and fn not in ("finfo", "iinfo", "allclose")
@@ -210,6 +213,13 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
         for e in node.elts:
             _spec(e, facts, bound, out)
         return
+    if isinstance(node, ast.JoinedStr):
+        for v in node.values:
+            if isinstance(v, ast.FormattedValue):
+                _spec(v.value, facts, bound, out)
+                if v.format_spec is not None:
+                    _spec(v.format_spec, facts, bound, out)
+        return
     if isinstance(node, ast.Subscript):
         _spec(node.value, facts, bound, out)
         if not _is_safe_index(node.slice):
@@ -220,6 +230,13 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
             _spec(a.value if isinstance(a, ast.Starred) else a, facts, bound, out)
         for k in node.keywords:
             _spec(k.value, facts, bound, out)
+        if (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "__graphmend_rt__"
+            and node.func.attr in ("equal",)
+        ):
+            return  # the runtime's pure, total torch.equal
         fn = _is_torch_attr(node.func, facts)
         if fn is not None:
             if fn not in PURE_TORCH_FUNCTIONS:

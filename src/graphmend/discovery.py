@@ -70,6 +70,7 @@ class BreakEvent:
 class GraphInfo:
     compile_id: str | None
     ops: int  # call_function + call_method + call_module nodes
+    asserts: tuple[tuple[str, int, str], ...] = ()  # (file, line, function) of captured asserts
 
 
 @dataclass
@@ -261,6 +262,22 @@ def entry_of(fn: Callable[..., Any]) -> tuple[str, str] | None:
     return (code.co_filename, code.co_name)
 
 
+_STACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def _captured_asserts(gm: torch.fx.GraphModule) -> tuple[tuple[str, int, str], ...]:
+    """Asserts Dynamo turned into ``_assert_async`` (no break, but a compiled
+    failure raises RuntimeError where eager raises AssertionError)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "_assert_async" in getattr(node.target, "__name__", str(node.target)):
+            frames = _STACK_FRAME.findall(node.meta.get("stack_trace") or "")
+            if frames:
+                file, line, func = frames[-1]
+                found.append((file, int(line), _function_name(func)))
+    return tuple(found)
+
+
 def _op_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
@@ -288,7 +305,7 @@ def trace_breaks(
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         cid = torch._guards.CompileContext.current_compile_id()
-        trace.graphs.append(GraphInfo(str(cid) if cid is not None else None, _op_count(gm)))
+        trace.graphs.append(GraphInfo(str(cid) if cid is not None else None, _op_count(gm), _captured_asserts(gm)))
         return gm.forward
 
     entry = entry_of(fn)

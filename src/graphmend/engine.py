@@ -202,6 +202,8 @@ class SiteRewrite:
     reason: str = ""
     notes: list[str] = field(default_factory=list)
     memo_attrs: set[str] = field(default_factory=set)
+    frames: list[Any] = field(default_factory=list)  # the break's frame chain, entry first
+    unalias: set[str] = field(default_factory=set)
 
 
 def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int] | None:
@@ -245,6 +247,8 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         body, index = found
         ctx.notes = []
         ctx.memo_attrs = set()
+        ctx.frames = list(site.frames)
+        ctx.unalias = set()
         try:
             replacement = site.rule.rewrite(body[index], ctx)
         except Decline as exc:
@@ -257,6 +261,7 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         site.ok = True
         site.notes = list(ctx.notes)
         site.memo_attrs = set(ctx.memo_attrs)
+        site.unalias = set(ctx.unalias)
     return located.node
 
 
@@ -377,3 +382,26 @@ def install(located: Located, new_code: types.CodeType, node: FunctionNode) -> P
         node=node,
         source=ast.unparse(node),
     )
+
+
+def unalias_buffers(model: Any, names: set[str]) -> list[str]:
+    """Give each named buffer its own storage where another attribute of its
+    module holds the same tensor, so a rewrite that updates the buffer in place
+    cannot write through to that attribute. Values do not change."""
+    import torch
+
+    done: list[str] = []
+    if not isinstance(model, torch.nn.Module) or not names:
+        return done
+    for path, module in model.named_modules():
+        for name in names:
+            buf = module._buffers.get(name)
+            if buf is None:
+                continue
+            shared = any(v is buf for k, v in vars(module).items() if k not in ("_buffers",)) or any(
+                v is buf for k, v in module._buffers.items() if k != name
+            )
+            if shared:
+                module._buffers[name] = buf.clone()
+                done.append(f"{path}.{name}" if path else name)
+    return done

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from .discovery import Trace, trace_breaks
-from .sites import BreakSite, group_sites
-from .targets import Target, run_eager, target_from_objects
+from .sites import BreakSite, assert_sites, group_sites
+from .targets import Target, private_copy, run_eager, target_from_objects
 
 SCHEMA_VERSION = 1
 
@@ -96,6 +96,8 @@ class ExplainReport:
 
 def report_from_trace(name: str, trace: Trace) -> ExplainReport:
     sites = group_sites(trace.events)
+    asserts = [a for g in trace.graphs for a in g.asserts]
+    sites += assert_sites(asserts, {(s.file, s.line) for s in sites})
     report = ExplainReport(
         target=name,
         graphs=trace.graph_count,
@@ -133,10 +135,12 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
 def explain_target(
     target: Target, *, calls: int = 1, grad: bool = False, dynamic: bool | None = False
 ) -> ExplainReport:
-    """Explain a loaded target: run it eagerly (it must work), then trace it."""
-    run_eager(target)
+    """Explain a loaded target: run it eagerly (it must work), then trace it.
+    Both runs use private copies: the user's model and inputs are not touched."""
+    run_eager(private_copy(target))
+    subject = private_copy(target)
     trace = trace_breaks(
-        target.model, target.args, target.kwargs, calls=calls, grad=grad, dynamic=dynamic
+        subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
     )
     return report_from_trace(target.name, trace)
 

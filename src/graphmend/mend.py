@@ -29,7 +29,7 @@ from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import trace_breaks
 from .rules import Decline, load_rules
 from .sites import BreakSite, display_path
-from .targets import Target, run_eager
+from .targets import Target, private_copy, run_eager
 from .verify import Observation, compare, observe
 
 DEFAULT_RULES = ("where", "defer", "trap")
@@ -174,7 +174,7 @@ def _apply_round(
             outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", site.rule)
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
-        entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule)))
+        entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule, frames=list(site.frames))))
     applied = 0
     for located, pairs in by_function.values():
         node = engine.rewrite(located, [r for _, r in pairs], model)
@@ -204,8 +204,11 @@ def _apply_round(
         else:
             mending.patches.append(patch)
             groups[len(mending.patches) - 1] = [_key(s) for s, _ in ok]
+        unaliased = engine.unalias_buffers(model, set().union(*(rw.unalias for _, rw in ok)))
         for site, rw in ok:
             mending.memo_attrs |= rw.memo_attrs
+            if unaliased:
+                rw.notes.append(f"gave buffer(s) {', '.join(unaliased)} their own storage (values unchanged)")
             outcomes[_key(site)] = _outcome(
                 site, "applied", "; ".join(rw.notes) or f"rewritten by [{site.rule}]", site.rule, rw.notes
             )
@@ -233,7 +236,7 @@ def mend_target(
     mending = mending or Mending()
     baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad) if verify else None
     if baseline is not None and baseline.exception is not None:
-        run_eager(target)  # raises the one-line TargetError for the user
+        run_eager(private_copy(target))  # raises the one-line TargetError for the user
     before = explain_target(target, grad=grad)
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
@@ -264,6 +267,8 @@ def mend_target(
         if differences:
             current = _bisect(target, baseline, grad, mending, groups, outcomes, differences)
             verified = True  # what remains installed verified on its own
+    if mending.memo_attrs and mending.patches:
+        _prefill_memos(target, grad, mending.memo_attrs, outcomes)
     # Sites still breaking after their rewrite keep "applied" but say so.
     remaining = {_key(s): s for s in current.sites}
     for key, outcome in outcomes.items():
@@ -281,6 +286,38 @@ def mend_target(
         rules=tuple(rules),
     )
     return report, mending
+
+
+def _prefill_memos(target: Target, grad: bool, names: set[str], outcomes: dict[tuple[str, int], SiteOutcome]) -> None:
+    """Initialise hoisted memo attributes on the user's model now.
+
+    A hoisted ``if not hasattr(self, k): self.k = pure_init(...)`` would run in
+    the first compiled call and flip Dynamo's ``hasattr`` guard, recompiling
+    on the second. The initialiser is proven pure, so its value is taken from
+    one eager run of a private copy and set on the user's modules up front."""
+    from .runtime import region
+    from .verify import quiet
+
+    if not isinstance(target.model, torch.nn.Module):
+        return
+    subject = private_copy(target)
+    try:
+        with quiet(), region(), (torch.enable_grad() if grad else torch.no_grad()):
+            subject.model(*subject.args, **subject.kwargs)
+    except Exception:
+        return
+    filled = []
+    copies = dict(subject.model.named_modules())
+    for path, module in target.model.named_modules():
+        twin = copies.get(path)
+        for name in names:
+            if twin is not None and name in vars(twin) and name not in vars(module):
+                setattr(module, name, vars(twin)[name])
+                filled.append(f"{path}.{name}" if path else name)
+    if filled:
+        for outcome in outcomes.values():
+            if outcome.status == "applied" and any("memoised" in n for n in outcome.notes):
+                outcome.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")
 
 
 def _undo_round(
@@ -310,7 +347,8 @@ def _undo_round(
 
 
 def _retrace(target: Target, grad: bool) -> ExplainReport:
-    trace = trace_breaks(target.model, target.args, target.kwargs, grad=grad)
+    subject = private_copy(target)
+    trace = trace_breaks(subject.model, subject.args, subject.kwargs, grad=grad)
     return report_from_trace(target.name, trace)
 
 

@@ -308,6 +308,43 @@ def _shared(module: Any, name: str, tensor: Any) -> bool:
 
 
 # --------------------------------------------------------------------------
+# [Trap]: a validation check becomes a flag; the exception is raised when the
+# region closes, in the place its record holds in the effect order.
+
+
+def trappable(flag: Any) -> bool:
+    """A 0-dim bool tensor: the check can be deferred (decided while tracing)."""
+    return isinstance(flag, torch.Tensor) and flag.dtype == torch.bool and flag.dim() == 0
+
+
+def equal(a: Any, b: Any) -> Any:
+    """``torch.equal(a, b)`` as a 0-dim bool tensor (or a bool when it cannot be).
+
+    Shapes are compared first, so broadcasting can never make tensors of
+    different shapes compare equal, and shapes that do not broadcast do not
+    raise; values are compared as torch.equal does (with type promotion; NaN
+    is never equal)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.device != b.device:
+        return torch.equal(a, b)  # the original call, with its own behaviour
+    if a.shape != b.shape:
+        return torch.zeros((), dtype=torch.bool, device=a.device)
+    return torch.logical_not((a != b).any())
+
+
+def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
+    """``if flag: raise exc_type(*args)``, deferred to the end of the region.
+
+    Effects recorded before it are performed; those recorded after it are
+    not (the eager code would not have reached them)."""
+    sink = _sink()
+    if sink is None:
+        if bool(flag):
+            raise exc_type(*_resolve(args))
+        return
+    sink.append(("trap", site, exc_type, None, (flag,), _snap(args)))
+
+
+# --------------------------------------------------------------------------
 # flush (plain Python, never traced)
 
 
@@ -430,8 +467,13 @@ def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
 
 
 def flush(records: list) -> None:
-    """Perform recorded effects in order. Never traced."""
+    """Perform recorded effects in order; a set trap raises and ends the flush."""
     for kind, site, target, method, args, kwargs in records:
+        if kind == "trap":
+            if bool(args[0]):
+                error = target(*_resolve(kwargs))
+                raise error from None
+            continue
         if kind == "print":
             _perform_print(args, kwargs)
         elif kind == "log":
@@ -458,5 +500,8 @@ __all__ = [
     "print_",
     "region",
     "register_log_site",
+    "equal",
+    "trap",
+    "trappable",
     "warn",
 ]

@@ -163,11 +163,9 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
     calls = calls_in(head) if head is not None else []
     side_effect = any(is_side_effect_call(c) for c in calls)
 
-    if isinstance(stmt, ast.Assert):
-        return "VG"
+    if isinstance(stmt, ast.Assert) or (stmt is not None and _is_guard_if(stmt)):
+        return "VG"  # deciding whether to raise on tensor values, whatever Dynamo's id
     if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
-        if _is_guard_if(stmt) if stmt is not None else False:
-            return "VG"
         return "DC"
     if any((dotted_name(c.func) or "").endswith("_assert") for c in calls) and gb == "GB0033":
         return "VG"
@@ -258,3 +256,26 @@ def group_sites(events: list[BreakEvent]) -> list[BreakSite]:
             site.category = best
             site.rule, site.verdict = verdict_for(best)
     return list(sites.values())
+
+
+ASSERT_REASON = "assert captured as torch._assert_async: a failure raises RuntimeError, not AssertionError"
+
+
+def assert_sites(asserts: list[tuple[str, int, str]], known: set[tuple[str, int]]) -> list[BreakSite]:
+    """Sites for asserts Dynamo captured without a break: not a break, but the
+    compiled model raises a different exception type, which [Trap] restores."""
+    out: dict[tuple[str, int], BreakSite] = {}
+    for file, line, function in asserts:
+        key = (file, line)
+        if key in known or key in out:
+            continue
+        stmt = statement_at(file, line)
+        if not isinstance(stmt, ast.Assert):
+            continue
+        rule, verdict = verdict_for("VG")
+        out[key] = BreakSite(
+            file=file, line=stmt.lineno, function=function, code=source_line(file, stmt.lineno),
+            category="VG", reason=ASSERT_REASON, gb_id=None, rule=rule, verdict=verdict, events=0,
+            frames=[Frame(file, stmt.lineno, function, source_line(file, stmt.lineno))],
+        )
+    return list(out.values())

@@ -166,6 +166,21 @@ def target_from_objects(model: Any, args: tuple, kwargs: dict, name: str | None 
     return Target(label, model, tuple(args), dict(kwargs))
 
 
+def private_copy(target: Target) -> Target:
+    """The same model and inputs, copied, so analysis runs never change the
+    user's module state or input tensors. The copy shares the classes and
+    functions (what mending rewrites); a model that cannot be copied is used
+    as is, with its parameters and buffers restored afterwards by the caller."""
+    import copy
+
+    try:
+        model = copy.deepcopy(target.model) if isinstance(target.model, torch.nn.Module) else target.model
+        args, kwargs = copy.deepcopy(target.args), copy.deepcopy(target.kwargs)
+    except Exception:
+        return target
+    return Target(target.name, model, args, kwargs)
+
+
 def run_eager(target: Target) -> Any:
     """Run the target once eagerly; a failure is the user's problem, one line."""
     try:

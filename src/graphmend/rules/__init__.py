@@ -43,6 +43,8 @@ class RewriteContext:
     notes: list[str] = field(default_factory=list)  # what the rule did, for the report
     model: Any = None  # the target, for facts only the live objects know
     memo_attrs: set[str] = field(default_factory=set)  # attributes a rewrite may now create early
+    frames: list[Any] = field(default_factory=list)  # the break's frame chain (entry first)
+    unalias: set[str] = field(default_factory=set)  # buffers to give their own storage at install
 
     def attribute_values(self, attr: str) -> list[Any]:
         """Distinct values of ``<module>.<attr>`` over the live target's modules."""

@@ -60,6 +60,7 @@ import copy
 
 from ..analysis import FunctionFacts, bound_before, is_tensor_expr, speculation_blockers
 from . import Decline, Rule, RewriteContext, register
+from ._predicate import check_lowerable, has_boolops, lower
 
 
 def _load(name: str) -> ast.Name:
@@ -113,10 +114,11 @@ class Where(Rule):
         facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
         static, tensor_test = self._split_test(stmt.test, facts)
         bound = bound_before(ctx.fdef, stmt)
-        for reason in speculation_blockers(tensor_test, facts, bound):
-            raise Decline(f"the test: {reason}")
-        self._check_lowerable(tensor_test, facts)
-        lowered = self._lower(tensor_test, facts, ctx)
+        if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
+            for reason in speculation_blockers(tensor_test, facts, bound):
+                raise Decline(f"the test: {reason}")
+        check_lowerable(tensor_test, facts)
+        lowered = lower(tensor_test, facts, ctx)
         cond = ctx.fresh("c")
         original_test = _load(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
         fallback = ast.If(test=original_test, body=copy.deepcopy(stmt.body), orelse=copy.deepcopy(stmt.orelse))
@@ -182,39 +184,6 @@ class Where(Rule):
             if isinstance(sub, ast.Attribute) and sub.attr in ("sum", "any", "all", "item", "max", "min"):
                 return False
         return True
-
-    def _lower(self, node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr:
-        if isinstance(node, ast.BoolOp):
-            fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
-            values = [self._lower(v, facts, ctx) for v in node.values]
-            out = values[0]
-            for v in values[1:]:
-                out = ast.Call(func=ctx.torch(fn), args=[out, v], keywords=[])
-            return out
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            inner = self._lower(node.operand, facts, ctx)
-            if not self._tensor_atom(node.operand, facts):
-                raise Decline(f"`not` of `{ast.unparse(node.operand)}`, which is not provably a tensor")
-            return ast.Call(func=ctx.torch("logical_not"), args=[inner], keywords=[])
-        if self._has_boolops(node):
-            raise Decline("and/or nested inside another expression")
-        return node
-
-    def _tensor_atom(self, node: ast.expr, facts: FunctionFacts) -> bool:
-        if isinstance(node, ast.BoolOp):
-            return all(self._tensor_atom(v, facts) for v in node.values)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return self._tensor_atom(node.operand, facts)
-        return is_tensor_expr(node, facts)
-
-    @staticmethod
-    def _has_boolops(node: ast.AST) -> bool:
-        return any(isinstance(n, ast.BoolOp) or (isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)) for n in ast.walk(node))
-
-    def _check_lowerable(self, test: ast.expr, facts: FunctionFacts) -> None:
-        if isinstance(test, (ast.BoolOp,)) or (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
-            if not self._tensor_atom(test, facts):
-                raise Decline("and/or/not over values not all provably tensors")
 
     # -- return form -------------------------------------------------------------
 
@@ -470,7 +439,8 @@ class Where(Rule):
                 and len(args) >= 2
                 and isinstance(args[0], ast.Constant)
             ):
-                ctx.notes.append(f"buffer `{args[0].value}` updated in place when nothing shares it")
+                ctx.notes.append(f"buffer `{args[0].value}` updated in place (given its own storage if it shared one)")
+                ctx.unalias.add(str(args[0].value))
                 return ast.Expr(
                     value=ast.Call(func=ctx.runtime("register_buffer"), args=[func.value, *args], keywords=kwargs)
                 )

@@ -1,0 +1,437 @@
+"""[Trap] predicated validation (category: VG).
+
+## What it rewrites
+A check that raises on tensor values:
+
+* ``if <tensor test>: raise SomeError(message)`` (and ``if not ...``);
+* ``if not torch.equal(a, b): raise ...``;
+* ``assert <tensor test>, message`` and ``torch._assert(<tensor test>, message)``.
+
+## Why the original breaks
+Deciding whether to raise turns a tensor into a Python bool (GB0170; GB0033
+for ``torch._assert``). A literal-message ``assert`` does compile, but then
+raises ``RuntimeError`` instead of ``AssertionError``.
+
+## Example
+```python
+if not torch.equal(mask, expected):                       # before
+    raise ValueError(f"bad mask {mask.sum().item()}")
+
+_gm_c0 = torch.logical_not(__graphmend_rt__.equal(mask, expected))   # after
+if __graphmend_rt__.trappable(_gm_c0):
+    __graphmend_rt__.trap(site, _gm_c0, ValueError,
+        (__graphmend_rt__.fstr("bad mask ", (__graphmend_rt__.lazy("item", mask.sum()), None, None)),))
+elif _gm_c0:
+    raise ValueError(f"bad mask {mask.sum().item()}")    # the original check
+```
+The flag is computed in the graph. When the region closes, effects recorded
+before the check are performed, and if the flag is set the same exception
+class is raised with the same message (formatted then, from the values as
+they were at the check); effects recorded after it are dropped, as the
+original never reached them. ``torch.equal`` compares shapes first, so
+broadcasting cannot make different shapes equal. ``assert`` stays under
+``if __debug__`` (``python -O`` still removes it).
+
+## When it declines
+- the check is inside a ``try`` of the same function (the handler could catch it);
+- the exception class cannot be re-created from its arguments (it overrides
+  ``__init__`` or ``__new__``), or ``raise ... from <cause>``;
+- a message argument could raise or act when evaluated on every call;
+- state changes follow the check in the forward (stores to attributes,
+  in-place ops, cache updates, modules whose code does either): the original
+  would have stopped before them, the compiled graph would not.
+
+## Fix safety
+On CPU the exception, its message and the effects before it are exact. The
+exception is raised after the compiled call returns, so a traceback points
+at the call, not at the check.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import sys
+from typing import Any
+
+from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
+from ..sites import is_side_effect_call
+from ..source import parse_file
+from . import Decline, Rule, RewriteContext, register
+from ._predicate import check_lowerable, has_boolops, lower
+from .defer import Defer
+
+_MUTATING_METHODS = frozenset(
+    {"register_buffer", "register_parameter", "update", "append", "extend", "insert", "pop", "clear",
+     "setdefault", "add_module", "popitem", "remove"}
+)
+_STATELESS_MODULES = frozenset(
+    {"Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
+     "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
+     "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList", "ModuleDict"}
+)
+
+
+@register
+class Trap(Rule):
+    name = "trap"
+    categories = frozenset({"VG"})
+    summary = "compute validation checks as a flag in the graph, raise the same exception after the call"
+
+    def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
+        facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
+        bound = bound_before(ctx.fdef, stmt)
+        if self._inside_try(ctx.fdef, stmt):
+            raise Decline("the check is inside a try block of the same function (a handler could catch it)")
+        test, negate, exc_node, args, is_assert = self._match(stmt)
+        exc_type = self._exception_type(exc_node, ctx)
+        test = _EqualToRuntime(ctx, facts).visit(copy.deepcopy(test))
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, negate = test.operand, not negate  # `not` is applied to the flag below
+        if has_boolops(test):  # lowering evaluates every operand, not just the first
+            for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}):
+                raise Decline(f"the test: {reason}")
+        check_lowerable(test, facts)
+        tested = lower(test, facts, ctx)
+        deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
+        for arg in deferred_args:
+            for reason in _deferred_blockers(arg, facts, bound):
+                raise Decline(f"the message: {reason}")
+        mutation = self._state_changes_after(stmt, ctx)
+        if mutation:
+            raise Decline(f"state changes after the check would now happen before it raises: {mutation}")
+        name = ctx.fresh("c")
+        site = ctx.site(stmt)
+        flag: ast.expr = ast.Name(id=name, ctx=ast.Load())
+        if negate:  # decided at run time: only a tensor reaches logical_not
+            flag = ast.Call(func=ctx.torch("logical_not"), args=[flag], keywords=[])
+        trap_call = ast.Call(
+            func=ctx.runtime("trap"),
+            args=[site, flag, exc_node, ast.Tuple(elts=deferred_args, ctx=ast.Load())],
+            keywords=[],
+        )
+        out: list[ast.stmt] = [
+            ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=tested),
+            ast.If(
+                test=ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[]),
+                body=[ast.Expr(value=trap_call)],
+                orelse=[self._original_on(stmt, name, negate)],
+            ),
+        ]
+        if is_assert:
+            out = [ast.If(test=ast.Name(id="__debug__", ctx=ast.Load()), body=out, orelse=[])]
+        ctx.notes.append(f"{exc_type.__name__} raised after the call when the flag is set")
+        for node in out:
+            ast.copy_location(node, stmt)
+            for sub in ast.walk(node):
+                if "lineno" in sub._attributes and not hasattr(sub, "lineno"):
+                    ast.copy_location(sub, stmt)
+        return [ast.fix_missing_locations(node) for node in out]
+
+    @staticmethod
+    def _original_on(stmt: ast.stmt, name: str, negate: bool) -> ast.stmt:
+        """The original check, deciding on the test value already computed."""
+        value: ast.expr = ast.Name(id=name, ctx=ast.Load())
+        stmt = copy.deepcopy(stmt)
+        if isinstance(stmt, ast.If):
+            stmt.test = ast.UnaryOp(op=ast.Not(), operand=value) if negate else value
+        elif isinstance(stmt, ast.Assert):
+            stmt.test = value if negate else ast.UnaryOp(op=ast.Not(), operand=value)
+        else:  # torch._assert(test, msg)
+            stmt.value.args[0] = value if negate else ast.UnaryOp(op=ast.Not(), operand=value)  # type: ignore[attr-defined]
+        return stmt
+
+    # -- matching ----------------------------------------------------------------
+
+    @staticmethod
+    def _match(stmt: ast.stmt) -> tuple[ast.expr, bool, ast.expr, list[ast.expr], bool]:
+        """(test, negate, exception class node, exception args, is an assert)."""
+        if isinstance(stmt, ast.If):
+            if stmt.orelse or len(stmt.body) != 1 or not isinstance(stmt.body[0], ast.Raise):
+                raise Decline("the if does not hold exactly one raise (and no else)")
+            raise_ = stmt.body[0]
+            if raise_.cause is not None and not (isinstance(raise_.cause, ast.Constant) and raise_.cause.value is None):
+                raise Decline("`raise ... from <cause>`: the cause is not re-created")
+            exc = raise_.exc
+            if isinstance(exc, ast.Call):
+                if any(isinstance(a, ast.Starred) for a in exc.args) or exc.keywords:
+                    raise Decline("the exception is built with keywords or *args")
+                return stmt.test, False, exc.func, list(exc.args), False
+            if isinstance(exc, (ast.Name, ast.Attribute)):
+                return stmt.test, False, exc, [], False
+            raise Decline("the raise does not build an exception from a class")
+        if isinstance(stmt, ast.Assert):
+            args = [stmt.msg] if stmt.msg is not None else []
+            return stmt.test, True, ast.Name(id="AssertionError", ctx=ast.Load()), args, True
+        if (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Attribute)
+            and stmt.value.func.attr == "_assert"
+            and len(stmt.value.args) == 2
+            and not stmt.value.keywords
+        ):
+            cond, msg = stmt.value.args
+            return cond, True, ast.Name(id="AssertionError", ctx=ast.Load()), [msg], True
+        raise Decline("not an if-raise, assert or torch._assert check")
+
+    @staticmethod
+    def _exception_type(node: ast.expr, ctx: RewriteContext) -> type:
+        value = ctx.value_of(node)
+        if isinstance(node, ast.Name) and node.id == "AssertionError" and value is None:
+            value = AssertionError
+        if not (isinstance(value, type) and issubclass(value, BaseException)):
+            raise Decline(f"`{ast.unparse(node)}` is not provably an exception class")
+        if getattr(builtins, value.__name__, None) is value:
+            return value
+        if value.__init__ is not BaseException.__init__ and "__init__" in _own_attrs(value):
+            raise Decline(f"{value.__name__} defines __init__: it may not be re-created from its arguments")
+        if "__new__" in _own_attrs(value):
+            raise Decline(f"{value.__name__} defines __new__: it may not be re-created from its arguments")
+        return value
+
+    @staticmethod
+    def _inside_try(fdef: ast.AST, stmt: ast.stmt) -> bool:
+        for node in ast.walk(fdef):
+            if isinstance(node, ast.Try) and any(stmt is n for b in node.body for n in ast.walk(b)):
+                return True
+        return False
+
+    # -- what runs after the check -------------------------------------------
+
+    def _state_changes_after(self, stmt: ast.stmt, ctx: RewriteContext) -> str | None:
+        from ..analysis import _path_to
+
+        path = _path_to(ctx.fdef.body, stmt)
+        reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
+        if reason:
+            return reason
+        # The callers' code after the call that led here runs too.
+        for frame in ctx.frames[:-1]:
+            reason = self._caller_continuation(frame, ctx)
+            if reason:
+                return reason
+        return None
+
+    def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:
+        from ..analysis import _path_to
+        from ..engine import _defs_containing, _statement_in
+
+        parsed = parse_file(frame.file)
+        if parsed is None:
+            return f"the source of a caller ({frame.file}) is not available to check"
+        defs = _defs_containing(parsed.tree, frame.line)
+        if not defs:
+            return None
+        fdef = defs[0]
+        found = _statement_in(fdef.body, frame.line)
+        if found is None:
+            return None
+        block, index = found
+        path = _path_to(fdef.body, block[index])
+        namespace = _namespace_of(frame.file)
+        return self._scan_continuation(fdef, path, namespace, ctx, 0)
+
+    def _scan_continuation(self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
+        if path is None:
+            return None
+        local = _fresh_locals(fdef)
+        statements: list[ast.stmt] = []
+        for block, index in path:
+            owner = None
+            statements.extend(block[index + 1 :])
+            owner = block[index]
+            if isinstance(owner, (ast.For, ast.While, ast.AsyncFor)):
+                statements.extend(owner.body)  # later iterations run the whole body again
+        for node in statements:
+            reason = self._mutation_in(node, local, namespace, ctx, depth)
+            if reason:
+                return reason
+        return None
+
+    def _mutation_in(self, node: ast.AST, local: set[str], namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                for target in targets:
+                    for t in ast.walk(target):
+                        if isinstance(t, (ast.Attribute, ast.Subscript)) and isinstance(t.ctx, ast.Store):
+                            if _root(t) not in local:
+                                return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
+            elif isinstance(sub, ast.Call):
+                func = sub.func
+                if isinstance(func, ast.Attribute) and _root(func) == "__graphmend_rt__":
+                    continue  # a deferred effect: dropped when the check fails, as intended
+                if is_side_effect_call(sub):
+                    return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
+                if isinstance(func, ast.Attribute):
+                    attr = func.attr
+                    if (attr.endswith("_") and not attr.endswith("__")) or attr in _MUTATING_METHODS:
+                        if _root(func.value) not in local or attr.endswith("_"):
+                            return f"`.{attr}(...)` (line {sub.lineno})"
+                self_attr = _self_attr_callee(func)
+                if self_attr is not None:
+                    reason = self._module_effects(self_attr, ast.unparse(func), ctx, depth)
+                    if reason:
+                        return reason
+                elif isinstance(func, ast.Name):
+                    if func.id == "setattr":
+                        return f"`setattr(...)` (line {sub.lineno})"
+                    if func.id in local:
+                        reason = self._local_callable(func.id, node, ctx, depth)
+                        if reason:
+                            return reason
+                        continue
+                    target = namespace.get(func.id, getattr(builtins, func.id, None))
+                    if target is not None and hasattr(target, "__code__") and depth < 2:
+                        impure = function_impurities(target)
+                        if impure:
+                            return impure[0]
+        return None
+
+    def _module_effects(self, attr: str, label: str, ctx: RewriteContext, depth: int) -> str | None:
+        """A call of ``self.<attr>`` (or ``self.<attr>[i]``): what it can be on the live model."""
+        values = ctx.attribute_values(attr)
+        if not values:
+            return f"calls `{label}`, which could not be resolved on the live model"
+        return self._modules_effects(values, label, ctx, depth)
+
+    def _local_callable(self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int) -> str | None:
+        """``for layer in self.layers: ... layer(h)``: the modules the loop yields."""
+        for loop in ast.walk(scope):
+            if (
+                isinstance(loop, ast.For)
+                and isinstance(loop.target, ast.Name)
+                and loop.target.id == name
+                and isinstance(loop.iter, ast.Attribute)
+                and isinstance(loop.iter.value, ast.Name)
+                and loop.iter.value.id == "self"
+            ):
+                values = ctx.attribute_values(loop.iter.attr)
+                if values:
+                    return self._modules_effects(values, f"{name}(...)", ctx, depth)
+        return f"calls the local `{name}(...)`, which could not be resolved"
+
+    def _modules_effects(self, values: list, label: str, ctx: RewriteContext, depth: int) -> str | None:
+        import torch
+
+        for value in values:
+            if not isinstance(value, torch.nn.Module):
+                if callable(value) and hasattr(value, "__code__"):
+                    impure = function_impurities(value)
+                    if impure:
+                        return impure[0]
+                    continue
+                return f"calls `{label}`, which is not a module or a Python function"
+            for module in value.modules():
+                cls = type(module)
+                if cls.__module__.startswith("torch.nn") and cls.__name__ in _STATELESS_MODULES:
+                    continue
+                if depth >= 2:
+                    return f"calls `{label}` ({cls.__name__}), too deep to check"
+                forward = getattr(cls, "forward", None)
+                parsed = parse_file(getattr(getattr(forward, "__code__", None), "co_filename", ""))
+                if parsed is None:
+                    return f"calls `{label}` ({cls.__name__}), whose source is not available"
+                fdef = next(
+                    (
+                        n
+                        for n in ast.walk(parsed.tree)
+                        if isinstance(n, ast.FunctionDef) and n.name == "forward" and n.lineno == forward.__code__.co_firstlineno
+                    ),
+                    None,
+                )
+                if fdef is None:
+                    return f"calls `{label}` ({cls.__name__}), whose forward was not found"
+                reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
+                if reason:
+                    return f"{cls.__name__}.forward: {reason}"
+        return None
+
+
+class _EqualToRuntime(ast.NodeTransformer):
+    """``torch.equal(a, b)`` -> ``__graphmend_rt__.equal(a, b)`` (a tensor, shapes first)."""
+
+    def __init__(self, ctx: RewriteContext, facts: FunctionFacts) -> None:
+        self.ctx, self.facts = ctx, facts
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "equal"
+            and isinstance(func.value, ast.Name)
+            and self.facts.resolves_to_torch(func.value.id)
+            and len(node.args) == 2
+            and not node.keywords
+        ):
+            return ast.copy_location(ast.Call(func=self.ctx.runtime("equal"), args=node.args, keywords=[]), node)
+        return node
+
+
+def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str]) -> list[str]:
+    """Blockers of the parts of a deferred message still evaluated in the graph."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "__graphmend_rt__"
+    ):
+        out: list[str] = []
+        for a in node.args:
+            if isinstance(a, ast.Constant):
+                continue
+            out.extend(_deferred_blockers(a, facts, bound))
+        return out
+    if isinstance(node, ast.Tuple):
+        return [r for e in node.elts for r in _deferred_blockers(e, facts, bound)]
+    return speculation_blockers(node, facts, bound)
+
+
+def _self_attr_callee(func: ast.AST) -> str | None:
+    """``self.x(...)`` or ``self.x[i](...)`` -> ``"x"``."""
+    node = func.value if isinstance(func, ast.Subscript) else func
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _fresh_locals(fdef: Any) -> set[str]:
+    """Names the function binds itself (not parameters): mutating them is local."""
+    params = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
+    for extra in (fdef.args.vararg, fdef.args.kwarg):
+        if extra is not None:
+            params.add(extra.arg)
+    names: set[str] = set()
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names - params
+
+
+def _namespace_of(filename: str) -> dict:
+    import os
+
+    real = os.path.realpath(filename)
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.realpath(path) == real:
+            return vars(module)
+    return {}
+
+
+def _own_attrs(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (BaseException, Exception, object) or getattr(builtins, klass.__name__, None) is klass:
+            break
+        names |= set(vars(klass))
+    return names
