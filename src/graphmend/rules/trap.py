@@ -200,8 +200,12 @@ class Trap(Rule):
 
     # -- what runs after the check -------------------------------------------
 
+    _MAX_DEPTH = 6
+
     def _state_changes_after(self, stmt: ast.stmt, ctx: RewriteContext) -> str | None:
         from ..analysis import _path_to
+
+        self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
 
         path = _path_to(ctx.fdef.body, stmt)
         reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
@@ -268,8 +272,8 @@ class Trap(Rule):
                 if isinstance(func, ast.Attribute):
                     attr = func.attr
                     if (attr.endswith("_") and not attr.endswith("__")) or attr in _MUTATING_METHODS:
-                        if _root(func.value) not in local or attr.endswith("_"):
-                            return f"`.{attr}(...)` (line {sub.lineno})"
+                        if _root(func.value) not in local:
+                            return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
                 self_attr = _self_attr_callee(func)
                 if self_attr is not None:
                     reason = self._module_effects(self_attr, ast.unparse(func), ctx, depth)
@@ -284,18 +288,48 @@ class Trap(Rule):
                             return reason
                         continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
-                    if target is not None and hasattr(target, "__code__") and depth < 2:
-                        impure = function_impurities(target)
-                        if impure:
-                            return impure[0]
+                    if target is not None and hasattr(target, "__code__"):
+                        reason = self._function_effects(target, func.id, ctx, depth)
+                        if reason:
+                            return reason
         return None
 
     def _module_effects(self, attr: str, label: str, ctx: RewriteContext, depth: int) -> str | None:
         """A call of ``self.<attr>`` (or ``self.<attr>[i]``): what it can be on the live model."""
         values = ctx.attribute_values(attr)
         if not values:
+            if _none_everywhere(ctx, attr):
+                return None  # calling None raises before any effect
             return f"calls `{label}`, which could not be resolved on the live model"
         return self._modules_effects(values, label, ctx, depth)
+
+    def _function_effects(self, fn: Any, label: str, ctx: RewriteContext, depth: int) -> str | None:
+        """A method or function called after the check: scan its body the same way."""
+        if depth >= self._MAX_DEPTH:
+            return f"calls `{label}`, too deep to check"
+        code = fn.__code__
+        if id(code) in self._scanned:
+            return self._scanned[id(code)]
+        self._scanned[id(code)] = None  # recursion: assume clean while scanning
+        parsed = parse_file(code.co_filename)
+        fdef = None
+        if parsed is not None:
+            fdef = next(
+                (
+                    n
+                    for n in ast.walk(parsed.tree)
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.name == code.co_name
+                    and min([n.lineno] + [d.lineno for d in n.decorator_list]) == code.co_firstlineno
+                ),
+                None,
+            )
+        if fdef is None:
+            return f"calls `{label}`, whose source is not available"
+        reason = self._mutation_in(fdef, _fresh_locals(fdef), fn.__globals__, ctx, depth + 1)
+        verdict = f"{code.co_name}: {reason}" if reason else None
+        self._scanned[id(code)] = verdict
+        return verdict
 
     def _local_callable(self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int) -> str | None:
         """``for layer in self.layers: ... layer(h)``: the modules the loop yields."""
@@ -317,19 +351,26 @@ class Trap(Rule):
         import torch
 
         for value in values:
+            if not callable(value):
+                continue  # another module's attribute of that name; calling it would raise first
             if not isinstance(value, torch.nn.Module):
-                if callable(value) and hasattr(value, "__code__"):
-                    impure = function_impurities(value)
-                    if impure:
-                        return impure[0]
+                if hasattr(value, "__code__"):
+                    reason = self._function_effects(value, label, ctx, depth)
+                    if reason:
+                        return reason
                     continue
                 return f"calls `{label}`, which is not a module or a Python function"
             for module in value.modules():
                 cls = type(module)
                 if cls.__module__.startswith("torch.nn") and cls.__name__ in _STATELESS_MODULES:
                     continue
-                if depth >= 2:
+                if depth >= self._MAX_DEPTH:
                     return f"calls `{label}` ({cls.__name__}), too deep to check"
+                if id(cls) in self._scanned:
+                    if self._scanned[id(cls)]:
+                        return self._scanned[id(cls)]
+                    continue
+                self._scanned[id(cls)] = None
                 forward = getattr(cls, "forward", None)
                 parsed = parse_file(getattr(getattr(forward, "__code__", None), "co_filename", ""))
                 if parsed is None:
@@ -346,7 +387,8 @@ class Trap(Rule):
                     return f"calls `{label}` ({cls.__name__}), whose forward was not found"
                 reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
                 if reason:
-                    return f"{cls.__name__}.forward: {reason}"
+                    self._scanned[id(cls)] = f"{cls.__name__}.forward: {reason}"
+                    return self._scanned[id(cls)]
         return None
 
 
@@ -390,6 +432,16 @@ def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str]) ->
     return speculation_blockers(node, facts, bound)
 
 
+def _none_everywhere(ctx: RewriteContext, attr: str) -> bool:
+    import torch
+
+    model = ctx.model
+    if not isinstance(model, torch.nn.Module):
+        return False
+    holders = [m for m in model.modules() if attr in vars(m)]
+    return bool(holders) and all(vars(m)[attr] is None for m in holders)
+
+
 def _self_attr_callee(func: ast.AST) -> str | None:
     """``self.x(...)`` or ``self.x[i](...)`` -> ``"x"``."""
     node = func.value if isinstance(func, ast.Subscript) else func
@@ -404,17 +456,69 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+_VIEW_METHODS = frozenset(
+    {"view", "view_as", "reshape", "transpose", "permute", "flatten", "squeeze", "unsqueeze", "expand", "expand_as",
+     "narrow", "select", "detach", "t", "contiguous", "to", "as_strided", "unflatten", "split", "chunk", "unbind",
+     "movedim", "swapaxes", "diagonal", "real", "imag", "type", "float", "half", "double", "long", "int", "bool"}
+)
+
+
 def _fresh_locals(fdef: Any) -> set[str]:
-    """Names the function binds itself (not parameters): mutating them is local."""
+    """Locals that hold values the function made itself (results of calls and
+    arithmetic), never a parameter, an attribute or a view of one: mutating
+    them in place changes nothing outside the function."""
     params = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
     for extra in (fdef.args.vararg, fdef.args.kwarg):
         if extra is not None:
             params.add(extra.arg)
-    names: set[str] = set()
+    values: dict[str, list[ast.AST | None]] = {}
     for node in ast.walk(fdef):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-    return names - params
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, []).append(node.value)
+                else:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                            values.setdefault(sub.id, []).append(None)  # unpacked: unknown origin
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
+            values.setdefault(node.target.id, []).append(getattr(node, "value", None))
+        elif isinstance(node, (ast.For, ast.With, ast.NamedExpr, ast.comprehension)):
+            for sub in ast.walk(getattr(node, "target", None) or ast.Pass()):
+                if isinstance(sub, ast.Name):
+                    values.setdefault(sub.id, []).append(None)
+
+    memo: dict[str, bool] = {}
+
+    def fresh_name(name: str, depth: int) -> bool:
+        if name in params or name not in values or depth > 8:
+            return False
+        if name not in memo:
+            memo[name] = False  # cycles are not fresh
+            memo[name] = all(v is not None and fresh_expr(v, depth + 1) for v in values[name])
+        return memo[name]
+
+    def fresh_expr(node: ast.AST, depth: int) -> bool:
+        if isinstance(
+            node,
+            (ast.BinOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set,
+             ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.JoinedStr),
+        ):
+            return True  # a new value (a container's items are not mutated through it here)
+        if isinstance(node, ast.IfExp):
+            return fresh_expr(node.body, depth) and fresh_expr(node.orelse, depth)
+        if isinstance(node, ast.Name):
+            return fresh_name(node.id, depth)
+        if isinstance(node, ast.Subscript):
+            return fresh_expr(node.value, depth)
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _VIEW_METHODS:
+                return fresh_expr(func.value, depth)  # a view shares its receiver's storage
+            return True  # a call's result is a new value (module outputs, torch ops, ...)
+        return False
+
+    return {name for name in values if fresh_name(name, 0)}
 
 
 def _namespace_of(filename: str) -> dict:
