@@ -120,3 +120,20 @@ def test_analysis_does_not_touch_the_users_model():
     model = G.MutatesAfter()
     graphmend.mend(model, GOOD)  # eager, traced and verification runs: all on copies
     assert float(model.seen) == 0.0
+
+
+def test_demo_validation_guard_raises_the_same_error_compiled():
+    from graphmend import demo
+
+    model, args, _ = demo.build()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=args)
+    assert all(o.status == "applied" for o in compiled.report.outcomes if o.category in ("VG", "DC", "LC"))
+    bad = args[0].clone()
+    bad[0, 0] = 1e5
+    eager = run(reference, bad)
+    assert eager.exception == ("ValueError", "demo: input values must stay within +-1e4")
+    assert run(compiled, bad).effects() == eager.effects()
+    good = run(compiled, *args)
+    assert good.exception is None and torch.equal(good.output, run(reference, *args).output)

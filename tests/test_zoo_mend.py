@@ -161,3 +161,18 @@ def test_phi3_longrope_both_sides_of_the_threshold_without_recompile():
         assert _bitwise(eager.output, mended.output)
         assert torch.equal(reference.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
     assert len(backend.graphs) == 1  # one graph, no recompile over the three calls
+
+
+def test_grounding_dino_loses_its_validation_guard_breaks():
+    import copy
+
+    from graphmend.zoo import build
+
+    model, args, kwargs = build("grounding-dino")
+    reference = copy.deepcopy(model)
+    report = graphmend.mend(model, *args, **kwargs)
+    vg = [o for o in report.outcomes if o.category == "VG"]
+    assert vg and all(o.status == "applied" for o in vg)
+    assert report.before.breaks == 16 and report.after.breaks == 7  # the paper's artifact: 16 -> 7
+    assert {s.category for s in report.after.sites} <= {"TI", "DO", "DS"}
+    assert _bitwise(run(reference, *args, **kwargs).output, run(model, *args, **kwargs).output)
