@@ -137,3 +137,22 @@ def test_demo_validation_guard_raises_the_same_error_compiled():
     assert run(compiled, bad).effects() == eager.effects()
     good = run(compiled, *args)
     assert good.exception is None and torch.equal(good.output, run(reference, *args).output)
+
+
+def test_guard_inside_a_data_dependent_branch_fires_only_on_its_path():
+    reference, compiled, backend = mended(G.GuardInBranch)
+    statuses = {o.category: o.status for o in compiled.report.outcomes}
+    assert statuses == {"VG": "applied", "DC": "applied"}, compiled.report.outcomes
+    big_positive = GOOD.abs() + 1
+    big_positive[0, 0] = 500.0  # branch taken, check fails
+    big_negative = -(GOOD.abs() + 100)
+    big_negative[0, 0] = 500.0  # sum < 0: branch (and check) not taken
+    for x in (GOOD, big_positive, big_negative, GOOD):
+        eager = run(reference, x)
+        got = run(compiled, x)
+        assert got.effects() == eager.effects()
+        if eager.exception is None:
+            assert torch.equal(eager.output, got.output)
+    assert run(reference, big_positive).exception == ("ValueError", "too large on the positive path")
+    assert run(reference, big_negative).exception is None
+    assert len(backend.graphs) == 1

@@ -331,6 +331,16 @@ def equal(a: Any, b: Any) -> Any:
     return torch.logical_not((a != b).any())
 
 
+def gate(taken: Any, flag: Any) -> Any:
+    """The flag of a check inside a branch: set only if the branch is taken.
+
+    Two 0-dim bool tensors combine in the graph; anything else is decided as
+    the original would (the flag is only looked at when the branch is taken)."""
+    if trappable(taken) and trappable(flag):
+        return torch.logical_and(taken, flag)
+    return bool(taken) and bool(flag)
+
+
 def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
     """``if flag: raise exc_type(*args)``, deferred to the end of the region.
 
@@ -501,6 +511,7 @@ __all__ = [
     "region",
     "register_log_site",
     "equal",
+    "gate",
     "trap",
     "trappable",
     "warn",

@@ -131,7 +131,7 @@ class Where(Rule):
             predicated = self._trailing_call(stmt, cond, facts, bound, ctx, guards)
         else:
             try:
-                predicated = self._assignments(stmt, cond, facts, bound, ctx)
+                predicated = self._assignments(stmt, cond, facts, bound, ctx, guards)
             except Decline as where_reason:
                 calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
                 if not calls:
@@ -570,10 +570,19 @@ class Where(Rule):
 
     # -- assignment form ---------------------------------------------------------
 
-    def _assignments(self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext) -> list[ast.stmt]:
+    def _assignments(
+        self,
+        stmt: ast.If,
+        cond: str,
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr] | None = None,
+    ) -> list[ast.stmt]:
         body: list[ast.stmt] = []
-        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body)
-        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body)
+        guards = guards if guards is not None else []
+        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body, cond, guards)
+        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body, cond, guards)
         targets = list(dict.fromkeys(list(true_env) + list(false_env)))
         if not targets:
             raise Decline("the branches assign nothing")
@@ -642,10 +651,16 @@ class Where(Rule):
         bound: set[str],
         ctx: RewriteContext,
         out: list[ast.stmt],
+        cond: str | None = None,
+        guards: list[ast.expr] | None = None,
     ) -> dict[str, str]:
         env: dict[str, str] = {}
         known = set(bound)
         for node in block:
+            trapped = _trapped_check(node)
+            if trapped is not None and cond is not None and guards is not None:
+                out.append(self._regate(trapped, side, cond, env, facts, known, ctx, guards))
+                continue
             if not isinstance(node, ast.Assign) or len(node.targets) != 1:
                 raise Decline("a branch holds a statement other than a single-target assignment")
             target = node.targets[0]
@@ -664,6 +679,44 @@ class Where(Rule):
             known.add(key)
         return env
 
+    def _regate(
+        self,
+        trapped: tuple[str, ast.Call],
+        side: str,
+        cond: str,
+        env: dict[str, str],
+        facts: FunctionFacts,
+        known: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr],
+    ) -> ast.stmt:
+        """A check [Trap] already rewrote inside this branch: it may only fire
+        when its branch would have run, so its flag is and-ed with the test."""
+        from .trap import _deferred_blockers
+
+        flag_name, call = trapped
+        if flag_name not in env:
+            raise Decline("a trapped check whose flag is not computed in the same branch")
+        site, flag, exc, args = call.args
+        for reason in _deferred_blockers(args, facts, known | set(env)):
+            raise Decline(f"the message of a check in the branch: {reason}")
+        flag = _Substitute(env).visit(copy.deepcopy(flag))
+        taken: ast.expr = _load(cond)
+        if side == "f":
+            taken = ast.Call(func=ctx.torch("logical_not"), args=[taken], keywords=[])
+        ctx.notes.append("a validation check inside the branch fires only when its branch would have run")
+        regated = ast.Call(
+            func=ctx.runtime("trap"),
+            args=[
+                copy.deepcopy(site),
+                ast.Call(func=ctx.runtime("gate"), args=[taken, flag], keywords=[]),
+                copy.deepcopy(exc),
+                _Substitute(env).visit(copy.deepcopy(args)),
+            ],
+            keywords=[],
+        )
+        return ast.Expr(value=regated)
+
     @staticmethod
     def _read_outside(fdef: ast.AST, stmt: ast.stmt) -> set[str]:
         inside = {id(n) for n in ast.walk(stmt)}
@@ -672,6 +725,29 @@ class Where(Rule):
             for n in ast.walk(fdef)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
         }
+
+
+def _trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
+    """``if __graphmend_rt__.trappable(x): __graphmend_rt__.trap(site, flag, E, args) else: ...``
+    as [Trap] emits it -> (x, the trap call)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Call) and len(node.body) == 1):
+        return None
+    test, inner = node.test, node.body[0]
+    if not (
+        isinstance(test.func, ast.Attribute)
+        and test.func.attr == "trappable"
+        and isinstance(test.func.value, ast.Name)
+        and test.func.value.id == "__graphmend_rt__"
+        and len(test.args) == 1
+        and isinstance(test.args[0], ast.Name)
+        and isinstance(inner, ast.Expr)
+        and isinstance(inner.value, ast.Call)
+        and isinstance(inner.value.func, ast.Attribute)
+        and inner.value.func.attr == "trap"
+        and len(inner.value.args) == 4
+    ):
+        return None
+    return test.args[0].id, inner.value
 
 
 def _relocate(node: ast.AST, origin: ast.stmt) -> ast.AST:
