@@ -64,18 +64,27 @@ def fresh_once_caches():
 
 
 @contextlib.contextmanager
-def _capture_log_records(sink: list[tuple]):
+def _routed_log_records(route: Callable[[logging.Logger, logging.LogRecord, Callable], None]):
+    """Send every log record through ``route(logger, record, handle)`` for the
+    duration, where ``handle`` is the original ``Logger.handle``."""
     original = logging.Logger.handle
 
     def handle(self: logging.Logger, record: logging.LogRecord) -> None:
-        sink.append((record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage()))
-        original(self, record)
+        route(self, record, original)
 
     logging.Logger.handle = handle  # type: ignore[method-assign]
     try:
         yield
     finally:
         logging.Logger.handle = original  # type: ignore[method-assign]
+
+
+def _capture_log_records(sink: list[tuple]):
+    def route(logger: logging.Logger, record: logging.LogRecord, handle: Callable) -> None:
+        sink.append((record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage()))
+        handle(logger, record)
+
+    return _routed_log_records(route)
 
 
 @contextlib.contextmanager
@@ -88,17 +97,13 @@ def quiet():
         stack.enter_context(warnings.catch_warnings(record=True))
         warnings.simplefilter("always")
         stack.enter_context(fresh_once_caches())
-        original = logging.Logger.handle
 
-        def handle(self: logging.Logger, record: logging.LogRecord) -> None:
+        def route(logger: logging.Logger, record: logging.LogRecord, handle: Callable) -> None:
             if record.name.startswith("torch."):  # torch's own logs (discovery reads them)
-                original(self, record)
+                handle(logger, record)
 
-        logging.Logger.handle = handle  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            logging.Logger.handle = original  # type: ignore[method-assign]
+        stack.enter_context(_routed_log_records(route))
+        yield
 
 
 def _detach(value: Any) -> Any:
