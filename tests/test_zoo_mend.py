@@ -83,7 +83,6 @@ def test_t5_with_inductor_matches_eager_within_tolerance():
 
 
 def test_analysis_runs_neither_swallow_nor_repeat_warning_once():
-
     from effects_capture import capture
     from graphmend.verify import fresh_once_caches
     from graphmend.zoo import build
