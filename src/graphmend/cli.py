@@ -80,6 +80,33 @@ def cmd_mend(ns: argparse.Namespace) -> int:
     return EXIT_FOUND if report.after.breaks or report.after.gave_up else EXIT_CLEAN
 
 
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from .bench import bench
+    from .compat import check_environment
+    from .targets import load_target
+
+    check_environment()
+    try:
+        batches = tuple(int(b) for b in ns.batch.split(",") if b.strip())
+    except ValueError:
+        raise GraphmendError(f"--batch takes comma-separated integers, got {ns.batch!r}") from None
+    if not batches or min(batches) < 1:
+        raise GraphmendError("--batch needs positive sizes")
+    with contextlib.redirect_stdout(sys.stderr):
+        from .verify import quiet
+
+        with quiet():
+            load_target(ns.target)  # a bad target is a one-line error here, not two failed arms
+    report = bench(ns.target, backend=ns.backend, batches=batches, iters=ns.iters, timeout=ns.timeout)
+    if ns.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from .render import render_bench
+
+        render_bench(report)
+    return EXIT_ERROR if any(not arm.get("ok") for arm in report.arms.values()) else EXIT_CLEAN
+
+
 def cmd_rules(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markdown import Markdown
@@ -163,6 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the eager comparison with the original")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mend)
+
+    p = sub.add_parser("bench", help="measure the original and the mended target side by side")
+    p.add_argument("target", help=_target_help())
+    p.add_argument("--backend", choices=["inductor", "eager"], default="inductor")
+    p.add_argument("--batch", default="1,4", help="batch sizes for throughput (default 1,4)")
+    p.add_argument("--iters", type=int, default=20, help="timed steady-state calls per arm (default 20)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per arm (default 600)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("rules", help="list the rules, or show one rule's documentation")
     p.add_argument("name", nargs="?")

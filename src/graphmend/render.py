@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from .explain import ExplainReport
 
 if TYPE_CHECKING:
+    from .bench import BenchReport
     from .mend import MendReport
 from .sites import CATEGORIES, verdict_for
 
@@ -138,3 +139,50 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
     for warning in report.after.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
     console.print(Text(mend_summary(report), style="bold"), soft_wrap=True)
+
+
+def render_bench(report: "BenchReport", console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"bench {report.target} ({report.backend})", title_justify="left")
+    table.add_column("metric")
+    table.add_column("original", justify="right")
+    table.add_column("mended", justify="right")
+    table.add_column("original / mended", justify="right")
+    a, b = report.arms.get("original", {}), report.arms.get("mended", {})
+
+    def fmt(value: object, digits: int = 3) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.{digits}g}"
+        return str(value)
+
+    def row(label: str, key: str, sub: str | None = None, ratio: bool = True) -> None:
+        x, y = a.get(key), b.get(key)
+        if sub is not None:
+            x, y = (x or {}).get(sub), (y or {}).get(sub)
+        r = report.ratio(key, sub) if ratio else None
+        table.add_row(label, fmt(x), fmt(y), f"{r:.2f}x" if r else "-")
+
+    row("graphs", "graphs", ratio=False)
+    row("breaks", "breaks", ratio=False)
+    row("recompiles", "recompiles", ratio=False)
+    row("cold start, s", "cold_start_s")
+    row("cold start excl. compile, s", "cold_start_excl_compile_s")
+    row("compile, s", "compile_s")
+    row("steady median, ms", "steady_ms", "median")
+    row("steady p10, ms", "steady_ms", "p10")
+    row("steady p90, ms", "steady_ms", "p90")
+    for batch in report.batches:
+        x = (a.get("throughput") or {}).get(str(batch))
+        y = (b.get("throughput") or {}).get(str(batch))
+        ratio = (y / x) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x else None
+        table.add_row(f"throughput b={batch}, samples/s", fmt(x), fmt(y), f"{ratio:.2f}x (mended / original)" if ratio else "-")
+    row("peak RSS, MB", "peak_rss_mb", ratio=False)
+    console.print(table)
+    same = {True: "bit-identical", False: "different", None: "not compared"}[report.outputs_identical]
+    console.print(Text(f"outputs: {same}; max abs diff {fmt(report.max_abs_diff)}", style="dim"), soft_wrap=True)
+    if b.get("ok"):
+        console.print(Text(f"mended arm: {b.get('applied_sites', 0)} of {b.get('fixable_sites', 0)} fixable sites mended", style="dim"))
+    for problem in report.problems:
+        console.print(Text("problem: " + problem, style="red"), soft_wrap=True)

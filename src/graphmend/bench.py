@@ -1,0 +1,359 @@
+"""``graphmend bench``: what mending buys, measured side by side, honestly.
+
+Two arms, *original* and *mended*, each in its own fresh subprocess with its
+own empty Inductor and Triton cache directories. The original arm saves its
+``state_dict``; the mended arm loads it (``strict=True``), so both run the
+same weights on the same inputs (each arm reports a hash of its inputs and
+the parent checks they match). For each arm:
+
+* graphs and breaks on the first call, recompiles on later same-shape calls;
+* cold start: the first call including compilation, and the same with
+  Dynamo/Inductor compile time (``_compile.compile_inner``) subtracted;
+* steady state: median, 10th and 90th percentile per-call latency after
+  warm-up;
+* throughput in samples/s at each ``--batch`` size (tensors whose first
+  dimension is the example batch are repeated along it);
+* peak resident memory of the arm process;
+* the first call's outputs, compared across arms by the parent (bit-exact,
+  and the max abs difference).
+
+The parent refuses to measure nothing quietly: a mended arm that mended no
+site while the target had fixable ones, arms whose caches were not private
+and empty, and arms with different inputs or batches are reported as
+problems in the result. Each arm is bounded by ``--timeout``; a failed arm
+is reported with its error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+ARM_MODULE = "graphmend.bench"
+
+
+@dataclass
+class BenchReport:
+    target: str
+    backend: str
+    batches: list[int]
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outputs_identical: bool | None = None
+    max_abs_diff: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def ratio(self, key: str, sub: str | None = None) -> float | None:
+        """original / mended for a metric (higher is better for the mended arm on times)."""
+        a, b = self.arms.get("original", {}), self.arms.get("mended", {})
+        x, y = a.get(key), b.get(key)
+        if sub is not None:
+            x = (x or {}).get(sub)
+            y = (y or {}).get(sub)
+        if not isinstance(x, (int, float)) or not isinstance(y, (int, float)) or y == 0:
+            return None
+        return x / y
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "target": self.target,
+            "backend": self.backend,
+            "batches": list(self.batches),
+            "arms": self.arms,
+            "ratios": {
+                "cold_start": self.ratio("cold_start_s"),
+                "cold_start_excl_compile": self.ratio("cold_start_excl_compile_s"),
+                "steady_state": self.ratio("steady_ms", "median"),
+            },
+            "outputs_identical": self.outputs_identical,
+            "max_abs_diff": self.max_abs_diff,
+            "problems": list(self.problems),
+        }
+
+
+# --------------------------------------------------------------------------
+# the parent
+
+
+def bench(
+    target: str,
+    *,
+    backend: str = "inductor",
+    batches: tuple[int, ...] = (1, 4),
+    iters: int = 20,
+    timeout: float = 600.0,
+) -> BenchReport:
+    """Run both arms of ``target`` (a target string) and compare them."""
+    report = BenchReport(target=target, backend=backend, batches=list(batches))
+    with tempfile.TemporaryDirectory(prefix="graphmend-bench-") as work:
+        weights = os.path.join(work, "weights.pt")
+        for arm in ("original", "mended"):
+            spec = {
+                "arm": arm,
+                "target": target,
+                "backend": backend,
+                "batches": list(batches),
+                "iters": iters,
+                "weights": weights,
+                "outputs": os.path.join(work, f"{arm}-outputs.pt"),
+                "result": os.path.join(work, f"{arm}.json"),
+            }
+            report.arms[arm] = _run_arm(spec, work, timeout)
+        _compare_outputs(report, work)
+    _check(report)
+    return report
+
+
+def _run_arm(spec: dict[str, Any], work: str, timeout: float) -> dict[str, Any]:
+    caches = tempfile.mkdtemp(prefix=f"{spec['arm']}-caches-", dir=work)
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+    env.pop("TORCH_LOGS", None)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", ARM_MODULE, json.dumps(spec)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s", "cache_dir": caches}
+    wall = time.perf_counter() - start
+    if proc.returncode != 0 or not os.path.exists(spec["result"]):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        code = "likely out of memory (137)" if proc.returncode in (137, -9) else f"exit {proc.returncode}"
+        return {"ok": False, "error": f"{code}: {tail[0]}", "cache_dir": caches, "wall_s": wall}
+    with open(spec["result"], encoding="utf-8") as fh:
+        result = json.load(fh)
+    result["wall_s"] = round(wall, 3)
+    return result
+
+
+def _compare_outputs(report: BenchReport, work: str) -> None:
+    import torch
+
+    paths = [os.path.join(work, f"{arm}-outputs.pt") for arm in ("original", "mended")]
+    if not all(os.path.exists(p) for p in paths):
+        return
+    a, b = (torch.load(p) for p in paths)
+    if len(a) != len(b):
+        report.outputs_identical = False
+        return
+    identical, worst = True, 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            identical, worst = False, math.inf
+            continue
+        same = torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)) if x.numel() else True
+        identical &= bool(same)
+        if x.numel() and x.is_floating_point():
+            diff = (x.double() - y.double()).abs()
+            diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+            worst = max(worst, float(diff.nan_to_num(nan=math.inf).max()))
+        elif x.numel() and not same:
+            worst = math.inf
+    report.outputs_identical = identical
+    report.max_abs_diff = worst
+
+
+def _check(report: BenchReport) -> None:
+    original, mended = report.arms.get("original", {}), report.arms.get("mended", {})
+    for name, arm in report.arms.items():
+        if not arm.get("ok"):
+            report.problems.append(f"{name} arm failed: {arm.get('error')}")
+        elif not arm.get("cache_was_empty", False):
+            report.problems.append(f"{name} arm's compile caches were not private and empty: it was not cold")
+    if original.get("ok") and mended.get("ok"):
+        if original.get("cache_dir") == mended.get("cache_dir"):
+            report.problems.append("the arms shared a compile cache")
+        if original.get("inputs_sha") != mended.get("inputs_sha"):
+            report.problems.append("the arms ran different inputs")
+        if original.get("batches") != mended.get("batches"):
+            report.problems.append("the arms ran different batch sizes")
+        if not mended.get("weights_pinned"):
+            report.problems.append("the mended arm did not load the original arm's weights")
+        fixable = mended.get("fixable_sites", 0)
+        if fixable and not mended.get("applied_sites"):
+            report.problems.append(
+                f"the mended arm mended nothing although {fixable} site(s) were fixable: it measured the original twice"
+            )
+        if mended.get("graphs", 0) > original.get("graphs", 0):
+            report.problems.append("the mended arm compiled more graphs than the original")
+
+
+# --------------------------------------------------------------------------
+# one arm (runs in its own process)
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if hasattr(value, "__dict__") and not callable(value):
+        return [t for v in vars(value).values() for t in _tensors(v)]
+    return []
+
+
+def _batched(args: tuple, kwargs: dict, base: int, batch: int) -> tuple[tuple, dict]:
+    import torch
+
+    def grow(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == base and batch != base:
+            reps = [-(-batch // base)] + [1] * (v.dim() - 1)
+            return v.repeat(*reps)[:batch].contiguous()
+        return v
+
+    return tuple(grow(a) for a in args), {k: grow(v) for k, v in kwargs.items()}
+
+
+def _sha(tensors: list[Any]) -> str:
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(str((tuple(t.shape), str(t.dtype))).encode())
+        digest.update(t.detach().contiguous().cpu().reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))
+    return ordered[index]
+
+
+def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
+    import contextlib
+    import resource
+    import statistics
+
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+
+    from . import runtime
+    from .targets import load_target
+    from .verify import quiet
+
+    cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    result: dict[str, Any] = {
+        "ok": False,
+        "arm": spec["arm"],
+        "backend": spec["backend"],
+        "cache_dir": os.path.dirname(cache_dir),
+        "cache_was_empty": not os.path.exists(cache_dir) or not os.listdir(cache_dir),
+        "batches": spec["batches"],
+    }
+    with quiet():
+        target = load_target(spec["target"])
+    model, args, kwargs = target.model, target.args, target.kwargs
+    if isinstance(model, torch.nn.Module):
+        if spec["arm"] == "original":
+            torch.save(model.state_dict(), spec["weights"])
+        else:
+            model.load_state_dict(torch.load(spec["weights"]), strict=True)
+            result["weights_pinned"] = True
+    result["inputs_sha"] = _sha(_tensors((args, kwargs)))
+    region: Any = contextlib.nullcontext
+    if spec["arm"] == "mended":
+        import graphmend
+
+        with quiet():
+            report = graphmend.mend(model, *args, **kwargs)
+        result["applied_sites"] = len(report.applied)
+        result["fixable_sites"] = len(report.before.fixable)
+        region = runtime.region
+    graphs: list[int] = []
+
+    if spec["backend"] == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        def backend(gm: Any, example_inputs: Any) -> Any:
+            graphs.append(1)
+            return compile_fx(gm, example_inputs)
+
+    else:
+
+        def backend(gm: Any, example_inputs: Any) -> Any:
+            graphs.append(1)
+            return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+
+    def call(a: tuple, k: dict) -> Any:
+        with region():  # what graphmend.compile's hooks do around every call
+            return compiled(*a, **k)
+
+    def compile_seconds() -> float:
+        return sum(dynamo_utils.compilation_time_metrics.get("_compile.compile_inner", []))
+
+    with torch.no_grad(), quiet():  # the model's own output is not the measurement
+        before_compile = compile_seconds()
+        start = time.perf_counter()
+        out = call(args, kwargs)
+        cold = time.perf_counter() - start
+        compile_s = compile_seconds() - before_compile
+        result["graphs"] = len(graphs)
+        result["breaks"] = max(0, len(graphs) - 1)
+        torch.save([t.detach().cpu() for t in _tensors(out)], spec["outputs"])
+        for _ in range(3):
+            call(args, kwargs)
+        times = []
+        for _ in range(spec["iters"]):
+            start = time.perf_counter()
+            call(args, kwargs)
+            times.append((time.perf_counter() - start) * 1000)
+        result["recompiles"] = len(graphs) - result["graphs"]
+        throughput = {}
+        base = next((t.shape[0] for t in _tensors((args, kwargs)) if t.dim() > 0), 1)
+        for batch in spec["batches"]:
+            a, k = _batched(args, kwargs, base, batch)
+            call(a, k)  # compiles this shape
+            n = max(3, spec["iters"] // 2)
+            start = time.perf_counter()
+            for _ in range(n):
+                call(a, k)
+            throughput[str(batch)] = round(batch * n / (time.perf_counter() - start), 2)
+    result.update(
+        ok=True,
+        cold_start_s=round(cold, 4),
+        compile_s=round(compile_s, 4),
+        cold_start_excl_compile_s=round(max(0.0, cold - compile_s), 4),
+        steady_ms={
+            "median": round(statistics.median(times), 4),
+            "p10": round(_percentile(times, 0.1), 4),
+            "p90": round(_percentile(times, 0.9), 4),
+        },
+        throughput=throughput,
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    )
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    try:
+        result = run_arm(spec)
+    except Exception as exc:
+        result = {"ok": False, "arm": spec.get("arm"), "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    with open(spec["result"], "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the arm subprocess
+    sys.exit(main(sys.argv[1:]))
