@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
-	$(PY) -m pip install --quiet -e '.[dev,zoo]'
+	$(PY) -m pip install --quiet -e '.[dev,zoo,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)

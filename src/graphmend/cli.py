@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import traceback
 from typing import Callable, Sequence
@@ -107,6 +108,32 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return EXIT_ERROR if any(not arm.get("ok") for arm in report.arms.values()) else EXIT_CLEAN
 
 
+def cmd_suite(ns: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from .compat import check_environment
+    from .suite import default_rows, run_suite, write_chart
+
+    check_environment()
+    rows = [r.strip() for r in ns.rows.split(",")] if ns.rows else default_rows()
+    known = set(default_rows())
+    unknown = [r for r in rows if r not in known]
+    if unknown:
+        raise GraphmendError(f"unknown row(s) {', '.join(unknown)}; rows are {', '.join(sorted(known))}")
+    with Progress(transient=True) as bar:
+        task = bar.add_task("suite" + (" --quick" if ns.quick else ""), total=len(rows))
+        report = run_suite(rows, quick=ns.quick, jobs=ns.jobs, progress=lambda name: bar.advance(task))
+    from .render import render_suite
+
+    render_suite(report)
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as fh:
+            json.dump(report.to_dict(), fh, indent=2)
+        chart = write_chart(report, os.path.splitext(ns.json)[0] + ".png")
+        print(f"wrote {ns.json}" + (f" and {chart}" if chart else " (no chart: matplotlib is not installed)"))
+    return EXIT_ERROR if report.totals()["rows_failed"] else EXIT_CLEAN
+
+
 def cmd_rules(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markdown import Markdown
@@ -200,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("suite", help="explain, mend and bench every zoo row and the demo: Table 2 beside ours")
+    p.add_argument("--quick", action="store_true", help="counting backend only, no timing")
+    p.add_argument("--rows", help="comma-separated rows (default: all zoo rows and demo)")
+    p.add_argument("--jobs", type=int, default=1, help="rows run in parallel processes (default 1)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON, and a PNG chart beside it")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_suite)
 
     p = sub.add_parser("rules", help="list the rules, or show one rule's documentation")
     p.add_argument("name", nargs="?")

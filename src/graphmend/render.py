@@ -12,6 +12,7 @@ from .explain import ExplainReport
 
 if TYPE_CHECKING:
     from .bench import BenchReport
+    from .suite import SuiteReport
     from .mend import MendReport
 from .sites import CATEGORIES, verdict_for
 
@@ -186,3 +187,44 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
         console.print(Text(f"mended arm: {b.get('applied_sites', 0)} of {b.get('fixable_sites', 0)} fixable sites mended", style="dim"))
     for problem in report.problems:
         console.print(Text("problem: " + problem, style="red"), soft_wrap=True)
+
+
+def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title="graphmend suite: the paper's Table 2 beside ours" + (" (quick)" if report.quick else ""),
+                  title_justify="left")
+    for name, justify in (("row", "left"), ("categories", "left"), ("breaks", "right"), ("fix", "right"),
+                          ("paper breaks", "right"), ("paper fix", "right"), ("rules", "left")):
+        table.add_column(name, justify=justify)
+    if not report.quick:
+        for name in ("cold x", "steady x", "outputs"):
+            table.add_column(name, justify="right")
+    for r in report.rows:
+        if not r.get("ok"):
+            table.add_row(r["row"], Text("failed: " + str(r.get("error")), style="red"))
+            continue
+        cats = " ".join(f"{k} {v}" for k, v in sorted((r.get("categories") or {}).items()))
+        fix = "-" if r.get("fix_rate") is None else f"{r['fix_rate']}%"
+        paper = "-" if r.get("paper_before") is None else f"{r['paper_before']} -> {r['paper_after']}"
+        paper_fix = "-" if r.get("paper_fix_rate") is None else f"{r['paper_fix_rate']}%"
+        cells = [r["row"], cats or "-", f"{r['breaks_before']} -> {r['breaks_after']}", fix, paper, paper_fix,
+                 ", ".join(r.get("rules") or []) or "-"]
+        if not report.quick:
+            def ratio(v: object) -> str:
+                return f"{v:.2f}" if isinstance(v, (int, float)) else "-"
+
+            same = {True: "identical", False: f"max diff {r.get('max_abs_diff')}", None: "-"}[r.get("outputs_identical")]
+            cells += [ratio(r.get("cold_start_ratio")), ratio(r.get("steady_state_ratio")), same]
+        table.add_row(*cells)
+    console.print(table)
+    t = report.totals()
+    console.print(
+        Text(
+            f"totals: breaks {t['breaks_before']} -> {t['breaks_after']} ({t['breaks_eliminated']} eliminated, "
+            f"{t['fix_rate']}%); {t['rows_fully_fixed']} of {t['rows_with_breaks']} rows fully fixed; "
+            f"paper rows: {t['paper_breaks_before']} -> {t['paper_breaks_after']} in Table 2; "
+            f"{t['rows_failed']} failed; {report.seconds:.0f} s",
+            style="bold",
+        ),
+        soft_wrap=True,
+    )

@@ -1,0 +1,193 @@
+"""``graphmend suite``: the paper's Table 2 beside ours, row by row.
+
+Each row (every ``zoo:`` target and ``demo``) runs in its own process:
+explain and mend with the counting backend (breaks before and after, rules
+that fired, verification), then, unless ``--quick``, ``bench`` with Inductor
+(cold-start and steady-state ratios, output agreement). ``--jobs N`` runs
+rows in parallel processes. The table puts the paper's breaks, fix rate and
+our own side by side, with totals; ``--json PATH`` writes the data and a PNG
+chart next to it (breaks before/after and the cold-start ratio per row).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ROW_MODULE = "graphmend.suite"
+
+
+@dataclass
+class SuiteReport:
+    quick: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def totals(self) -> dict[str, Any]:
+        ok = [r for r in self.rows if r.get("ok")]
+        before = sum(r["breaks_before"] for r in ok)
+        after = sum(r["breaks_after"] for r in ok)
+        paper = [r for r in ok if r.get("paper_before") is not None]
+        return {
+            "rows": len(self.rows),
+            "rows_failed": len(self.rows) - len(ok),
+            "breaks_before": before,
+            "breaks_after": after,
+            "breaks_eliminated": before - after,
+            "fix_rate": round(100 * (before - after) / before, 1) if before else None,
+            "rows_fully_fixed": sum(1 for r in ok if r["breaks_before"] and not r["breaks_after"]),
+            "rows_with_breaks": sum(1 for r in ok if r["breaks_before"]),
+            "paper_rows": len(paper),
+            "paper_breaks_before": sum(r["paper_before"] for r in paper),
+            "paper_breaks_after": sum(r["paper_after"] for r in paper),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": 1, "quick": self.quick, "seconds": round(self.seconds, 1), "rows": self.rows, "totals": self.totals()}
+
+
+def default_rows() -> list[str]:
+    from . import zoo
+
+    return list(zoo.ROWS) + ["demo"]
+
+
+def run_suite(
+    rows: list[str] | None = None,
+    *,
+    quick: bool = False,
+    jobs: int = 1,
+    timeout: float = 1200.0,
+    progress: Callable[[str], None] | None = None,
+) -> SuiteReport:
+    rows = rows or default_rows()
+    report = SuiteReport(quick=quick)
+    start = time.perf_counter()
+
+    def one(name: str) -> dict[str, Any]:
+        result = _run_row(name, quick, timeout)
+        if progress is not None:
+            progress(name)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        report.rows = list(pool.map(one, rows))
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _run_row(name: str, quick: bool, timeout: float) -> dict[str, Any]:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", ROW_MODULE, name] + (["--quick"] if quick else []),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"row": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"row": name, "ok": False, "error": tail}
+    return json.loads(lines[-1])
+
+
+def row_result(name: str, quick: bool) -> dict[str, Any]:
+    """One row, in this process (the suite runs it in a fresh one)."""
+    from . import zoo
+    from .bench import bench
+    from .mend import mend_target
+    from .targets import load_target
+    from .verify import quiet
+
+    target_name = name if name == "demo" else f"zoo:{name}"
+    row = zoo.ROWS.get(name)
+    result: dict[str, Any] = {"row": name, "target": target_name, "ok": True}
+    if row is not None and row.paper_before is not None:
+        fixed = round(row.paper_before * (row.paper_fix_rate or 0) / 100)
+        result.update(
+            paper_models=list(row.paper_models),
+            paper_before=row.paper_before,
+            paper_after=row.paper_before - fixed,
+            paper_fix_rate=row.paper_fix_rate,
+        )
+    with quiet():
+        target = load_target(target_name)
+        report, mending = mend_target(target)
+    mending.undo()
+    before, after = report.before, report.after
+    result.update(
+        categories=before.categories,
+        graphs_before=before.graphs,
+        graphs_after=after.graphs,
+        breaks_before=before.breaks,
+        breaks_after=after.breaks,
+        fix_rate=round(100 * (before.breaks - after.breaks) / before.breaks) if before.breaks else None,
+        rules=sorted({o.rule for o in report.applied if o.rule}),
+        verified=report.verified,
+        remaining=sorted({s.category for s in after.sites}),
+    )
+    if not quick:
+        timing = bench(target_name, backend="inductor", batches=(1, 4), iters=10, timeout=900)
+        data = timing.to_dict()
+        result.update(
+            cold_start_ratio=data["ratios"]["cold_start"],
+            cold_start_excl_compile_ratio=data["ratios"]["cold_start_excl_compile"],
+            steady_state_ratio=data["ratios"]["steady_state"],
+            outputs_identical=timing.outputs_identical,
+            max_abs_diff=timing.max_abs_diff,
+            bench_problems=timing.problems,
+        )
+    return result
+
+
+def write_chart(report: SuiteReport, path: str) -> str | None:
+    """A PNG next to the JSON: breaks before/after and the cold-start ratio per row."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in report.rows if r.get("ok")]
+    names = [r["row"] for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 5))
+    ax.bar([x - 0.2 for x in xs], [r["breaks_before"] for r in rows], width=0.4, label="breaks before")
+    ax.bar([x + 0.2 for x in xs], [r["breaks_after"] for r in rows], width=0.4, label="breaks after")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=45, ha="right")
+    ax.set_ylabel("graph breaks")
+    if not report.quick:
+        ax2 = ax.twinx()
+        ax2.plot(list(xs), [r.get("cold_start_ratio") or float("nan") for r in rows], "k^", label="cold start x")
+        ax2.set_ylabel("cold start, original / mended")
+        ax2.legend(loc="upper right")
+    ax.legend(loc="upper left")
+    ax.set_title("graphmend suite" + (" (quick)" if report.quick else " (Inductor, CPU)"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    name = argv[0]
+    quick = "--quick" in argv[1:]
+    try:
+        result = row_result(name, quick)
+    except Exception as exc:  # reported as a failed row, never dropped
+        result = {"row": name, "ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the row subprocess
+    sys.exit(main(sys.argv[1:]))
