@@ -326,10 +326,6 @@ def _block_assigned(block: list[ast.stmt]) -> tuple[set[str], bool]:
     return names, False
 
 
-def names_read(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-
-
 # --------------------------------------------------------------------------
 # whole-function purity (for hoisting a memoised initialiser)
 

@@ -83,7 +83,6 @@ class Trace:
     recompiles: int = 0
     frames_skipped: int = 0  # frames Dynamo abandoned and ran eagerly
     seconds: float = 0.0
-    output: Any = None  # the compiled call's result on the first call
 
     @property
     def entry_captured(self) -> bool:
@@ -318,14 +317,12 @@ def trace_breaks(
     try:
         with _graph_break_log() as collected, _quiet_dynamo():
             compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
-            for i, (a, k) in enumerate(calls_list):
+            for a, k in calls_list:
                 before = len(trace.graphs)
                 # Inside a deferral region, as graphmend.compile calls it, so a
                 # mended function is measured the way it will run.
                 with grad_ctx(), runtime.region():
-                    out = compiled(*a, **k)
-                if i == 0:
-                    trace.output = out
+                    compiled(*a, **k)
                 trace.graphs_per_call.append(len(trace.graphs) - before)
     finally:
         trace.seconds = time.perf_counter() - start

@@ -386,9 +386,3 @@ def _bisect(
             mending.patches.append(patch)
     torch._dynamo.reset()
     return _retrace(target, grad)
-
-
-def explain_or_mend_inputs(model: Any, args: tuple, kwargs: dict) -> Target:
-    from .targets import target_from_objects
-
-    return target_from_objects(model, args, kwargs)

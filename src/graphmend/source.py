@@ -91,20 +91,6 @@ def _find(body: list[ast.stmt], line: int) -> ast.stmt | None:
     return None
 
 
-def enclosing_function(path: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The innermost function definition whose body contains ``line``."""
-    parsed = parse_file(path)
-    if parsed is None:
-        return None
-    best = None
-    for node in ast.walk(parsed.tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
-                best = node
-    return best
-
-
 def header_expr(node: ast.stmt) -> ast.AST:
     """The part of a statement evaluated before its body (all of a simple one)."""
     header = _COMPOUND_HEADERS.get(type(node))
