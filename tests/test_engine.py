@@ -106,3 +106,24 @@ def test_unmend_restores_exact_code_objects_for_all_shapes():
     graphmend.unmend()
     assert all(f.__code__ is c for f, c in zip(targets, before))
     assert all(isinstance(c, types.CodeType) for c in before)
+
+
+def test_compile_falls_back_to_the_original_when_mending_fails(monkeypatch):
+    import importlib
+
+    M = importlib.import_module("graphmend.mend")  # the module, not the graphmend.mend function
+
+    model = C.UsesSuper()
+    original = C.UsesSuper.forward.__code__
+
+    def broken_retrace(target, grad):
+        raise RuntimeError("injected failure in discovery")
+
+    monkeypatch.setattr(M, "_retrace", broken_retrace)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    got = run(compiled, *X)  # mends on this first call, which fails: a warning, then the original
+    assert any("could not mend UsesSuper" in message for _, message, _, _ in got.warnings)
+    assert compiled.report is None and got.exception is None
+    assert C.UsesSuper.forward.__code__ is original  # nothing left half-installed
+    assert torch.equal(got.output, run(C.UsesSuper(), *X).output)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -132,17 +133,30 @@ def compile(
     result carries ``.report`` (a :class:`MendReport`, None until mended).
     """
     check_environment()
-    state: dict[str, Any] = {"report": None, "holder": None}
+    state: dict[str, Any] = {"report": None, "holder": None, "tried": False}
     mend_lock = threading.Lock()
 
     def ensure_mended(args: tuple, kwargs: dict) -> None:
-        if state["report"] is not None:
+        if state["tried"]:
             return
         with mend_lock:
-            if state["report"] is None:
+            if state["tried"]:
+                return
+            state["tried"] = True
+            try:
                 state["report"] = _mend(model, args, kwargs, rules=rules, verify=verify, silent=True)
-                if state["holder"] is not None:
-                    state["holder"].report = state["report"]
+            except Exception as exc:  # never fail where torch.compile alone would work
+                unmend(model)
+                first = (str(exc).strip().splitlines() or [""])[0]
+                warnings.warn(
+                    f"graphmend: could not mend {type(model).__name__} ({type(exc).__name__}: {first}); "
+                    "compiling it unchanged",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+            if state["holder"] is not None:
+                state["holder"].report = state["report"]
 
     if example_inputs is not None:
         ensure_mended(*_split_inputs(example_inputs))

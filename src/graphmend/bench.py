@@ -159,7 +159,8 @@ def _compare_outputs(report: BenchReport, work: str) -> None:
         identical &= bool(same)
         if x.numel() and x.is_floating_point():
             diff = (x.double() - y.double()).abs()
-            diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+            agree = (x == y) | (torch.isnan(x) & torch.isnan(y))  # equal infinities and NaN pairs agree
+            diff = torch.where(agree, torch.zeros_like(diff), diff)
             worst = max(worst, float(diff.nan_to_num(nan=math.inf).max()))
         elif x.numel() and not same:
             worst = math.inf

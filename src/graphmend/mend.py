@@ -231,9 +231,26 @@ def mend_target(
     grad: bool = False,
     mending: Mending | None = None,
 ) -> tuple[MendReport, Mending]:
-    """Mend ``target`` in memory. Returns the report and the undo handle."""
-    start = time.perf_counter()
+    """Mend ``target`` in memory. Returns the report and the undo handle.
+    If anything fails midway, every function already rewritten is restored."""
     mending = mending or Mending()
+    try:
+        return _mend_target(target, rules=rules, verify=verify, max_rounds=max_rounds, grad=grad, mending=mending)
+    except BaseException:
+        mending.undo()
+        raise
+
+
+def _mend_target(
+    target: Target,
+    *,
+    rules: tuple[str, ...],
+    verify: bool,
+    max_rounds: int,
+    grad: bool,
+    mending: Mending,
+) -> tuple[MendReport, Mending]:
+    start = time.perf_counter()
     baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad) if verify else None
     if baseline is not None and baseline.exception is not None:
         run_eager(private_copy(target))  # raises the one-line TargetError for the user
