@@ -472,7 +472,8 @@ def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
         site[1],
         module=site[0],
         registry=registry,
-        module_globals=namespace if site[0] in sys.modules else None,
+        # No module_globals: like warnings.warn itself, do not load the module's
+        # source on every call (linecache reads it only if the warning is shown).
     )
 
 
