@@ -170,7 +170,7 @@ def print_(site: Site, args: tuple, kwargs: dict) -> None:
     """``print(*args, **kwargs)``."""
     sink = _sink()
     if sink is None:
-        _perform_print(args, kwargs)
+        _print_now(args, kwargs)
     else:
         sink.append(("print", site, None, None, _snap(args), _snap(kwargs)))
 
@@ -214,7 +214,7 @@ def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict) -> None
         return
     sink = _sink()
     if sink is None:
-        _call_logger(site, logger, method, args, kwargs)
+        _log_now(site, logger, method, args, kwargs)
         return
     if _ENABLED.get(site, True):
         sink.append(("log", site, logger, method, _snap(args), _snap(kwargs)))
@@ -224,7 +224,7 @@ def warn(site: Site, args: tuple, kwargs: dict) -> None:
     """``warnings.warn(*args, **kwargs)`` (stacklevel 1)."""
     sink = _sink()
     if sink is None:
-        _warn_explicit(site, _resolve(args), _resolve(kwargs))
+        _warn_now(site, args, kwargs)
     else:
         sink.append(("warn", site, None, None, _snap(args), _snap(kwargs)))
 
@@ -415,7 +415,6 @@ def _find_caller(logger: logging.Logger, original: Any) -> Any:
     return find_caller
 
 
-@torch.compiler.disable
 def _perform_print(args: tuple, kwargs: dict) -> None:
     print(*_resolve(args), **_resolve(kwargs))
 
@@ -425,7 +424,6 @@ def _perform_call(target: Any, method: str, args: tuple, kwargs: dict) -> None:
     getattr(target, method)(*_resolve(args), **_resolve(kwargs))
 
 
-@torch.compiler.disable
 def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, kwargs: dict) -> None:
     """Call the real logger method, with the record placed where eager put it.
 
@@ -455,7 +453,6 @@ def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, k
             del logger.findCaller
 
 
-@torch.compiler.disable
 def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
     message = args[0] if args else kwargs["message"]
     category = args[1] if len(args) > 1 else kwargs.get("category")
@@ -475,6 +472,18 @@ def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
         # No module_globals: like warnings.warn itself, do not load the module's
         # source on every call (linecache reads it only if the warning is shown).
     )
+
+
+def _warn_resolved(site: Site, args: tuple, kwargs: dict) -> None:
+    _warn_explicit(site, _resolve(args), _resolve(kwargs))
+
+
+# The immediate paths are reached from traced code (a mended function compiled
+# outside a region): Dynamo must not trace into them. The flush below runs
+# eagerly and calls the plain functions, without the disable wrappers' cost.
+_print_now = torch.compiler.disable(_perform_print)
+_log_now = torch.compiler.disable(_call_logger)
+_warn_now = torch.compiler.disable(_warn_resolved)
 
 
 def flush(records: list) -> None:
