@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from . import runtime
 from .rules import RUNTIME_NAME, Decline, RewriteContext, Rule
-from .source import parse_file
+from .source import first_line, parse_file
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -135,10 +135,6 @@ def _candidates(filename: str) -> list[types.FunctionType]:
     return found
 
 
-def _first_line(node: FunctionNode) -> int:
-    return min([node.lineno] + [d.lineno for d in node.decorator_list])
-
-
 def _defs_containing(tree: ast.AST, line: int) -> list[FunctionNode]:
     """Function definitions whose body holds ``line``, innermost first."""
     out = [
@@ -162,7 +158,7 @@ def locate(filename: str, line: int, patched: dict[int, "Patch"] | None = None) 
         raise Decline("the line is not inside a function (module or class body code)")
     functions = _candidates(filename)
     for node in defs:
-        first = _first_line(node)
+        first = first_line(node)
         matches = [f for f in functions if f.__code__.co_name == node.name and f.__code__.co_firstlineno == first]
         if not matches and node is not defs[-1]:
             # A nested function (a closure) lives only as objects its parent

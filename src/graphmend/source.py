@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+import sys
+import types
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -89,6 +91,36 @@ def _find(body: list[ast.stmt], line: int) -> ast.stmt | None:
             return None
         return node
     return None
+
+
+def first_line(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The line a function's code object starts at (its first decorator, if any)."""
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
+def definition_of(code: types.CodeType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The ``def`` in the source file that compiled to ``code``, or None."""
+    parsed = parse_file(code.co_filename)
+    if parsed is None:
+        return None
+    for node in ast.walk(parsed.tree):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == code.co_name
+            and first_line(node) == code.co_firstlineno
+        ):
+            return node
+    return None
+
+
+def module_namespace(path: str) -> dict:
+    """The globals of the imported module whose file is ``path`` (empty if none)."""
+    real = os.path.realpath(path)
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file) == real:
+            return vars(module)
+    return {}
 
 
 def header_expr(node: ast.stmt) -> ast.AST:

@@ -52,12 +52,11 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
-import sys
 from typing import Any
 
 from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
 from ..sites import is_side_effect_call
-from ..source import parse_file
+from ..source import definition_of, module_namespace, parse_file
 from . import Decline, Rule, RewriteContext, register
 from ._predicate import check_lowerable, has_boolops, lower
 from .defer import Defer
@@ -234,7 +233,7 @@ class Trap(Rule):
             return None
         block, index = found
         path = _path_to(fdef.body, block[index])
-        namespace = _namespace_of(frame.file)
+        namespace = module_namespace(frame.file)
         return self._scan_continuation(fdef, path, namespace, ctx, 0)
 
     def _scan_continuation(self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
@@ -311,19 +310,7 @@ class Trap(Rule):
         if id(code) in self._scanned:
             return self._scanned[id(code)]
         self._scanned[id(code)] = None  # recursion: assume clean while scanning
-        parsed = parse_file(code.co_filename)
-        fdef = None
-        if parsed is not None:
-            fdef = next(
-                (
-                    n
-                    for n in ast.walk(parsed.tree)
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and n.name == code.co_name
-                    and min([n.lineno] + [d.lineno for d in n.decorator_list]) == code.co_firstlineno
-                ),
-                None,
-            )
+        fdef = definition_of(code)
         if fdef is None:
             return f"calls `{label}`, whose source is not available"
         reason = self._mutation_in(fdef, _fresh_locals(fdef), fn.__globals__, ctx, depth + 1)
@@ -372,19 +359,10 @@ class Trap(Rule):
                     continue
                 self._scanned[id(cls)] = None
                 forward = getattr(cls, "forward", None)
-                parsed = parse_file(getattr(getattr(forward, "__code__", None), "co_filename", ""))
-                if parsed is None:
-                    return f"calls `{label}` ({cls.__name__}), whose source is not available"
-                fdef = next(
-                    (
-                        n
-                        for n in ast.walk(parsed.tree)
-                        if isinstance(n, ast.FunctionDef) and n.name == "forward" and n.lineno == forward.__code__.co_firstlineno
-                    ),
-                    None,
-                )
+                code = getattr(forward, "__code__", None)
+                fdef = definition_of(code) if code is not None else None
                 if fdef is None:
-                    return f"calls `{label}` ({cls.__name__}), whose forward was not found"
+                    return f"calls `{label}` ({cls.__name__}), whose forward source was not found"
                 reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
                 if reason:
                     self._scanned[id(cls)] = f"{cls.__name__}.forward: {reason}"
@@ -519,17 +497,6 @@ def _fresh_locals(fdef: Any) -> set[str]:
         return False
 
     return {name for name in values if fresh_name(name, 0)}
-
-
-def _namespace_of(filename: str) -> dict:
-    import os
-
-    real = os.path.realpath(filename)
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path and os.path.realpath(path) == real:
-            return vars(module)
-    return {}
 
 
 def _own_attrs(cls: type) -> set[str]:
