@@ -47,8 +47,48 @@ def test_json_schema(unseeded_report):
                 "steady_ms", "throughput", "peak_rss_mb", "cache_dir", "inputs_sha"):
         assert key in arm, key
     assert set(arm["throughput"]) == {"1", "3"}
-    assert set(arm["steady_ms"]) == {"median", "p10", "p90"}
-    assert data["ratios"]["cold_start"] is not None
+    assert set(arm["steady_ms"]) == {"median", "mean", "p10", "p90"}
+    assert data["ratios"]["cold_start"] is not None and data["ratios"]["time_to_steady"] is not None
+    assert (data["device"], data["mode"], data["modes"]) == ("cpu", "default", {})
+    assert arm["tf32"] is False  # TF32 is only turned on (in both arms) on CUDA
+
+
+def test_profile_proves_the_mended_program_reached_compiled_code(unseeded_report):
+    # One steady forward: the original enters two compiled regions (a break
+    # between them), the mended program one.
+    original, mended = unseeded_report.arms["original"], unseeded_report.arms["mended"]
+    assert original["per_forward"]["compiled_regions"] == 2
+    assert mended["per_forward"]["compiled_regions"] == 1
+
+
+def test_time_to_steady_sums_calls_until_one_is_near_the_median():
+    assert B._time_to_steady([10.0, 3.0, 0.001, 0.001], median_ms=1.0) == 13.001
+    assert B._time_to_steady([0.001, 5.0], median_ms=1.0) == 0.001
+
+
+def test_dropped_profiles_and_missing_cuda_graphs_are_reported():
+    report = B.BenchReport(target="t", backend="inductor", batches=[], device="cuda", mode="reduce-overhead")
+    base = {"ok": True, "cache_was_empty": True, "inputs_sha": "a", "batches": [], "device": "cuda", "tf32": True,
+            "weights_pinned": True, "graphs": 2, "applied_sites": 1, "fixable_sites": 1}
+    report.arms["original"] = dict(base, cache_dir="/a", per_forward={"compiled_regions": 0})
+    report.arms["mended"] = dict(base, cache_dir="/b", graphs=1, tf32=False,
+                                 per_forward={"compiled_regions": 1, "cuda_graph_launches": 0})
+    B._check(report)
+    text = " | ".join(report.problems)
+    for fragment in ("original arm's profile saw no compiled region", "different devices or TF32",
+                     "no CUDA-graph launch was profiled"):
+        assert fragment in text, fragment
+    assert "mended arm's profile" not in text
+
+
+def test_as_many_regions_after_mending_is_reported():
+    report = B.BenchReport(target="t", backend="inductor", batches=[])
+    base = {"ok": True, "cache_was_empty": True, "inputs_sha": "a", "batches": [], "weights_pinned": True}
+    report.arms["original"] = dict(base, cache_dir="/a", graphs=4, per_forward={"compiled_regions": 4})
+    report.arms["mended"] = dict(base, cache_dir="/b", graphs=1, applied_sites=3, fixable_sites=3,
+                                 per_forward={"compiled_regions": 4})
+    B._check(report)
+    assert report.problems == ["the mended arm compiled fewer graphs but entered as many compiled regions per forward"]
 
 
 def test_inert_arm_and_unfair_setups_are_reported():
@@ -70,6 +110,11 @@ def test_a_failed_arm_is_reported_not_dropped(capsys):
     assert code == 2
     assert not data["arms"]["original"]["ok"] and "timed out" in data["arms"]["original"]["error"]
     assert any("original arm failed" in p for p in data["problems"])
+
+
+def test_reduce_overhead_without_cuda_is_a_usage_error(capsys):
+    assert cli.main(["bench", "demo", "--device", "cpu", "--mode", "reduce-overhead"]) == 2
+    assert "needs --device cuda" in capsys.readouterr().err
 
 
 def test_bad_batch_is_a_usage_error(capsys):

@@ -13,14 +13,28 @@ the parent checks they match). For each arm:
   warm-up;
 * throughput in samples/s at each ``--batch`` size (tensors whose first
   dimension is the example batch are repeated along it);
-* peak resident memory of the arm process;
+* time to steady: the first calls summed until one is within 1.5x of the
+  steady median (compilation often spills past the first call);
+* what one steady forward executed, from ``torch.profiler``: compiled
+  regions entered and compiled graphs called (the proof that the mended
+  program reached the compiled code), and on CUDA the CUDA-graph launches,
+  kernel launches and host syncs;
+* peak resident memory of the arm process, and on CUDA the peak allocated
+  device memory;
 * the first call's outputs, compared across arms by the parent (bit-exact,
   and the max abs difference).
+
+Both arms run one eager forward before compiling, so lazy caches fill
+outside the measured region. On CUDA both arms turn TF32 on (as the paper
+did), synchronise around every timed call, and ``bench`` measures
+``mode="reduce-overhead"`` (CUDA graphs) in addition to the default mode.
 
 The parent refuses to measure nothing quietly: a mended arm that mended no
 site while the target had fixable ones, arms whose caches were not private
 and empty, and arms with different inputs or batches are reported as
-problems in the result. Each arm is bounded by ``--timeout``; a failed arm
+problems in the result, and so is a profile that saw no compiled region (a
+dropped profile) or a mended arm that entered as many compiled regions per
+forward as the original. Each arm is bounded by ``--timeout``; a failed arm
 is reported with its error.
 """
 
@@ -45,10 +59,13 @@ class BenchReport:
     target: str
     backend: str
     batches: list[int]
+    device: str = "cpu"
+    mode: str = "default"
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)
     outputs_identical: bool | None = None
     max_abs_diff: float | None = None
     problems: list[str] = field(default_factory=list)
+    modes: dict[str, "BenchReport"] = field(default_factory=dict)  # further modes measured (CUDA: reduce-overhead)
 
     def ratio(self, key: str, sub: str | None = None) -> float | None:
         """original / mended for a metric (higher is better for the mended arm on times)."""
@@ -66,21 +83,31 @@ class BenchReport:
             "schema": 1,
             "target": self.target,
             "backend": self.backend,
+            "device": self.device,
+            "mode": self.mode,
             "batches": list(self.batches),
             "arms": self.arms,
             "ratios": {
                 "cold_start": self.ratio("cold_start_s"),
                 "cold_start_excl_compile": self.ratio("cold_start_excl_compile_s"),
+                "time_to_steady": self.ratio("time_to_steady_s"),
                 "steady_state": self.ratio("steady_ms", "median"),
             },
             "outputs_identical": self.outputs_identical,
             "max_abs_diff": self.max_abs_diff,
             "problems": list(self.problems),
+            "modes": {name: other.to_dict() for name, other in self.modes.items()},
         }
 
 
 # --------------------------------------------------------------------------
 # the parent
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def bench(
@@ -90,9 +117,28 @@ def bench(
     batches: tuple[int, ...] = (1, 4),
     iters: int = 20,
     timeout: float = 600.0,
+    device: str | None = None,
+    modes: tuple[str, ...] | None = None,
 ) -> BenchReport:
-    """Run both arms of ``target`` (a target string) and compare them."""
-    report = BenchReport(target=target, backend=backend, batches=list(batches))
+    """Run both arms of ``target`` (a target string) and compare them.
+
+    ``modes`` are ``torch.compile`` modes, measured one after the other, each
+    with its own pair of cold arms; the default is ``("default",)`` on CPU and
+    ``("default", "reduce-overhead")`` on CUDA with Inductor.
+    """
+    device = device or default_device()
+    if modes is None:
+        modes = ("default", "reduce-overhead") if device == "cuda" and backend == "inductor" else ("default",)
+    reports = [_bench_mode(target, backend, batches, iters, timeout, device, mode) for mode in modes]
+    first = reports[0]
+    first.modes = {r.mode: r for r in reports[1:]}
+    return first
+
+
+def _bench_mode(
+    target: str, backend: str, batches: tuple[int, ...], iters: int, timeout: float, device: str, mode: str
+) -> BenchReport:
+    report = BenchReport(target=target, backend=backend, batches=list(batches), device=device, mode=mode)
     with tempfile.TemporaryDirectory(prefix="graphmend-bench-") as work:
         weights = os.path.join(work, "weights.pt")
         for arm in ("original", "mended"):
@@ -100,6 +146,8 @@ def bench(
                 "arm": arm,
                 "target": target,
                 "backend": backend,
+                "device": device,
+                "mode": mode,
                 "batches": list(batches),
                 "iters": iters,
                 "weights": weights,
@@ -191,6 +239,19 @@ def _check(report: BenchReport) -> None:
             )
         if mended.get("graphs", 0) > original.get("graphs", 0):
             report.problems.append("the mended arm compiled more graphs than the original")
+        if original.get("device") != mended.get("device") or original.get("tf32") != mended.get("tf32"):
+            report.problems.append("the arms ran on different devices or TF32 settings")
+        a, b = original.get("per_forward") or {}, mended.get("per_forward") or {}
+        for name, counts in (("original", a), ("mended", b)):
+            if not counts.get("compiled_regions"):
+                report.problems.append(f"the {name} arm's profile saw no compiled region: a dropped profile")
+        if a.get("compiled_regions") and b.get("compiled_regions") and mended.get("applied_sites"):
+            if b["compiled_regions"] >= a["compiled_regions"] and mended.get("graphs", 0) < original.get("graphs", 0):
+                report.problems.append(
+                    "the mended arm compiled fewer graphs but entered as many compiled regions per forward"
+                )
+        if report.mode == "reduce-overhead" and not (b.get("cuda_graph_launches") or a.get("cuda_graph_launches")):
+            report.problems.append("reduce-overhead ran but no CUDA-graph launch was profiled")
 
 
 # --------------------------------------------------------------------------
@@ -237,6 +298,57 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+# Event names in torch.profiler's trace (torch 2.13); counted over one steady forward.
+_REGION_EVENT = "Torch-Compiled Region"
+_GRAPH_CALL_EVENT = "## Call CompiledFxGraph"
+_CUDA_GRAPH_LAUNCH = ("cudaGraphLaunch",)
+_KERNEL_LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+_SYNC = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+
+
+def _profile_forward(call: Any, cuda: bool) -> dict[str, int]:
+    """What one forward executed: compiled regions and graphs, and on CUDA launches and syncs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, acc_events=True) as prof:
+        call()
+    names = [event.name for event in prof.events()]
+    counts = {
+        "compiled_regions": sum(1 for n in names if n.startswith(_REGION_EVENT)),
+        "compiled_graph_calls": sum(1 for n in names if n.startswith(_GRAPH_CALL_EVENT)),
+    }
+    if cuda:
+        counts.update(
+            cuda_graph_launches=sum(1 for n in names if n in _CUDA_GRAPH_LAUNCH),
+            kernel_launches=sum(1 for n in names if n in _KERNEL_LAUNCH),
+            syncs=sum(1 for n in names if n in _SYNC),
+        )
+    return counts
+
+
+def _time_to_steady(first_calls: list[float], median_ms: float) -> float:
+    """Seconds from the first call until a call is within 1.5x of the steady median."""
+    total = 0.0
+    for seconds in first_calls:
+        total += seconds
+        if seconds * 1000 <= 1.5 * median_ms:
+            break
+    return total
+
+
 def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     import contextlib
     import resource
@@ -249,15 +361,23 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     from .targets import load_target
     from .verify import quiet
 
+    device, mode = spec.get("device", "cpu"), spec.get("mode", "default")
+    cuda = device.startswith("cuda")
     cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
     result: dict[str, Any] = {
         "ok": False,
         "arm": spec["arm"],
         "backend": spec["backend"],
+        "device": device,
+        "mode": mode,
         "cache_dir": os.path.dirname(cache_dir),
         "cache_was_empty": not os.path.exists(cache_dir) or not os.listdir(cache_dir),
         "batches": spec["batches"],
     }
+    if cuda:  # as the paper set it, in both arms
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    result["tf32"] = bool(cuda and torch.backends.cuda.matmul.allow_tf32)
     with quiet():
         target = load_target(spec["target"])
     model, args, kwargs = target.model, target.args, target.kwargs
@@ -267,7 +387,11 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             model.load_state_dict(torch.load(spec["weights"]), strict=True)
             result["weights_pinned"] = True
+        model = model.to(device)
+    args, kwargs = _to_device(args, device), _to_device(kwargs, device)
     result["inputs_sha"] = _sha(_tensors((args, kwargs)))
+    with torch.no_grad(), quiet():  # one eager forward: lazy caches fill outside the measurement
+        model(*args, **kwargs)
     region: Any = contextlib.nullcontext
     if spec["arm"] == "mended":
         import graphmend
@@ -280,11 +404,14 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     graphs: list[int] = []
 
     if spec["backend"] == "inductor":
+        from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
+
+        patches = list_mode_options(mode)  # {} for "default"
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             graphs.append(1)
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, config_patches=patches)
 
     else:
 
@@ -294,15 +421,27 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
+    step = torch.compiler.cudagraph_mark_step_begin if mode == "reduce-overhead" else (lambda: None)
 
     def call(a: tuple, k: dict) -> Any:
+        step()
         with region():  # what graphmend.compile's hooks do around every call
-            return compiled(*a, **k)
+            out = compiled(*a, **k)
+        if cuda:
+            torch.cuda.synchronize()
+        return out
+
+    def timed(a: tuple, k: dict) -> float:
+        start = time.perf_counter()
+        call(a, k)
+        return time.perf_counter() - start
 
     def compile_seconds() -> float:
         return sum(dynamo_utils.compilation_time_metrics.get("_compile.compile_inner", []))
 
     with torch.no_grad(), quiet():  # the model's own output is not the measurement
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         before_compile = compile_seconds()
         start = time.perf_counter()
         out = call(args, kwargs)
@@ -311,14 +450,10 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         result["graphs"] = len(graphs)
         result["breaks"] = max(0, len(graphs) - 1)
         torch.save([t.detach().cpu() for t in _tensors(out)], spec["outputs"])
-        for _ in range(3):
-            call(args, kwargs)
-        times = []
-        for _ in range(spec["iters"]):
-            start = time.perf_counter()
-            call(args, kwargs)
-            times.append((time.perf_counter() - start) * 1000)
+        first_calls = [cold] + [timed(args, kwargs) for _ in range(3)]
+        times = [timed(args, kwargs) * 1000 for _ in range(spec["iters"])]
         result["recompiles"] = len(graphs) - result["graphs"]
+        result["per_forward"] = _profile_forward(lambda: call(args, kwargs), cuda)
         throughput = {}
         base = next((t.shape[0] for t in _tensors((args, kwargs)) if t.dim() > 0), 1)
         for batch in spec["batches"]:
@@ -329,19 +464,24 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             for _ in range(n):
                 call(a, k)
             throughput[str(batch)] = round(batch * n / (time.perf_counter() - start), 2)
+    median = statistics.median(times)
     result.update(
         ok=True,
         cold_start_s=round(cold, 4),
         compile_s=round(compile_s, 4),
         cold_start_excl_compile_s=round(max(0.0, cold - compile_s), 4),
+        time_to_steady_s=round(_time_to_steady(first_calls, median), 4),
         steady_ms={
-            "median": round(statistics.median(times), 4),
+            "median": round(median, 4),
+            "mean": round(statistics.fmean(times), 4),
             "p10": round(_percentile(times, 0.1), 4),
             "p90": round(_percentile(times, 0.9), 4),
         },
         throughput=throughput,
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     )
+    if cuda:
+        result["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return result
 
 

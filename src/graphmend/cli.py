@@ -93,19 +93,29 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         raise GraphmendError(f"--batch takes comma-separated integers, got {ns.batch!r}") from None
     if not batches or min(batches) < 1:
         raise GraphmendError("--batch needs positive sizes")
+    import torch
+
+    device = ns.device if ns.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise GraphmendError("--device cuda: this torch build or machine has no CUDA device")
+    modes = None if ns.mode == "auto" else (("default", "reduce-overhead") if ns.mode == "both" else (ns.mode,))
+    if modes and "reduce-overhead" in modes and (device != "cuda" or ns.backend != "inductor"):
+        raise GraphmendError("--mode reduce-overhead needs --device cuda and the inductor backend (CUDA graphs)")
     with contextlib.redirect_stdout(sys.stderr):
         from .verify import quiet
 
         with quiet():
             load_target(ns.target)  # a bad target is a one-line error here, not two failed arms
-    report = bench(ns.target, backend=ns.backend, batches=batches, iters=ns.iters, timeout=ns.timeout)
+    report = bench(ns.target, backend=ns.backend, batches=batches, iters=ns.iters, timeout=ns.timeout,
+                   device=device, modes=modes)
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         from .render import render_bench
 
         render_bench(report)
-    return EXIT_ERROR if any(not arm.get("ok") for arm in report.arms.values()) else EXIT_CLEAN
+    reports = [report, *report.modes.values()]
+    return EXIT_ERROR if any(not arm.get("ok") for r in reports for arm in r.arms.values()) else EXIT_CLEAN
 
 
 def cmd_suite(ns: argparse.Namespace) -> int:
@@ -224,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", default="1,4", help="batch sizes for throughput (default 1,4)")
     p.add_argument("--iters", type=int, default=20, help="timed steady-state calls per arm (default 20)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per arm (default 600)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the arms run (default: cuda when available)")
+    p.add_argument("--mode", choices=["auto", "default", "reduce-overhead", "both"], default="auto",
+                   help="torch.compile mode(s); auto = default on CPU, default and reduce-overhead on CUDA")
     p.add_argument("--json", action="store_true")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)

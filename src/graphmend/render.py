@@ -54,7 +54,7 @@ def summary_line(report: ExplainReport) -> str:
 
 
 def render_explain(report: ExplainReport, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _console()
     if report.sites:
         table = Table(title=f"graph breaks in {report.target}", title_justify="left", expand=False)
         table.add_column("cat", no_wrap=True)
@@ -118,7 +118,7 @@ def mend_summary(report: "MendReport") -> str:
 
 
 def render_mend(report: "MendReport", console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _console()
     if report.outcomes:
         table = Table(title=f"mending {report.target}", title_justify="left")
         table.add_column("status", no_wrap=True)
@@ -143,8 +143,9 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
 
 
 def render_bench(report: "BenchReport", console: Console | None = None) -> None:
-    console = console or Console()
-    table = Table(title=f"bench {report.target} ({report.backend})", title_justify="left")
+    console = console or _console()
+    mode = "" if report.mode == "default" else f", mode={report.mode}"
+    table = Table(title=f"bench {report.target} ({report.backend}, {report.device}{mode})", title_justify="left")
     table.add_column("metric")
     table.add_column("original", justify="right")
     table.add_column("mended", justify="right")
@@ -170,8 +171,10 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
     row("recompiles", "recompiles", ratio=False)
     row("cold start, s", "cold_start_s")
     row("cold start excl. compile, s", "cold_start_excl_compile_s")
+    row("time to steady, s", "time_to_steady_s")
     row("compile, s", "compile_s")
     row("steady median, ms", "steady_ms", "median")
+    row("steady mean, ms", "steady_ms", "mean")
     row("steady p10, ms", "steady_ms", "p10")
     row("steady p90, ms", "steady_ms", "p90")
     for batch in report.batches:
@@ -179,7 +182,14 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
         y = (b.get("throughput") or {}).get(str(batch))
         ratio = (y / x) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x else None
         table.add_row(f"throughput b={batch}, samples/s", fmt(x), fmt(y), f"{ratio:.2f}x (mended / original)" if ratio else "-")
+    per_forward = ("compiled_regions", "compiled_graph_calls", "cuda_graph_launches", "kernel_launches", "syncs")
+    for key in per_forward:
+        x, y = (a.get("per_forward") or {}).get(key), (b.get("per_forward") or {}).get(key)
+        if x is not None or y is not None:
+            table.add_row(f"{key.replace('_', ' ')} per forward", fmt(x), fmt(y), "-")
     row("peak RSS, MB", "peak_rss_mb", ratio=False)
+    if "peak_cuda_mb" in a or "peak_cuda_mb" in b:
+        row("peak CUDA allocated, MB", "peak_cuda_mb", ratio=False)
     console.print(table)
     same = {True: "bit-identical", False: "different", None: "not compared"}[report.outputs_identical]
     console.print(Text(f"outputs: {same}; max abs diff {fmt(report.max_abs_diff)}", style="dim"), soft_wrap=True)
@@ -187,17 +197,25 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
         console.print(Text(f"mended arm: {b.get('applied_sites', 0)} of {b.get('fixable_sites', 0)} fixable sites mended", style="dim"))
     for problem in report.problems:
         console.print(Text("problem: " + problem, style="red"), soft_wrap=True)
+    for other in report.modes.values():
+        render_bench(other, console)
+
+
+def _console() -> Console:
+    """The terminal's width; a wide one when piped, so tables stay readable in logs."""
+    console = Console()
+    return console if console.is_terminal else Console(width=180)
 
 
 def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _console()
     table = Table(title="graphmend suite: the paper's Table 2 beside ours" + (" (quick)" if report.quick else ""),
                   title_justify="left")
     for name, justify in (("row", "left"), ("categories", "left"), ("breaks", "right"), ("fix", "right"),
                           ("paper breaks", "right"), ("paper fix", "right"), ("rules", "left")):
         table.add_column(name, justify=justify)
     if not report.quick:
-        for name in ("cold x", "steady x", "outputs"):
+        for name in ("cold x", "cold-compile x", "steady x", "regions/fwd", "outputs"):
             table.add_column(name, justify="right")
     for r in report.rows:
         if not r.get("ok"):
@@ -214,7 +232,10 @@ def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
                 return f"{v:.2f}" if isinstance(v, (int, float)) else "-"
 
             same = {True: "identical", False: f"max diff {r.get('max_abs_diff')}", None: "-"}[r.get("outputs_identical")]
-            cells += [ratio(r.get("cold_start_ratio")), ratio(r.get("steady_state_ratio")), same]
+            regions = r.get("regions_per_forward") or [None, None]
+            regions_cell = "-" if None in regions else f"{regions[0]} -> {regions[1]}"
+            cells += [ratio(r.get("cold_start_ratio")), ratio(r.get("cold_start_excl_compile_ratio")),
+                      ratio(r.get("steady_state_ratio")), regions_cell, same]
         table.add_row(*cells)
     console.print(table)
     t = report.totals()
