@@ -5,7 +5,10 @@ mends the model (at once when ``example_inputs`` is given, else on the first
 call, with that call's inputs), then returns ``torch.compile``'s own result
 with two hooks on it that open and close the deferral region around every
 call. The returned object *is* the compiled model (an ``OptimizedModule`` for
-modules, a function for functions), with ``.report`` added.
+modules, a function for functions), with ``.report`` added. When mending
+kept scalar / dynamic-output capture (``report.capture``, measured by
+[Scalar]), the same hooks turn those ``torch._dynamo.config`` flags on around
+every call, so the compiled program is the one that was measured.
 
 Mending swaps the code of shared function objects: it affects every instance
 of a mended class in the process until ``unmend``.
@@ -113,6 +116,11 @@ class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
     report = None
 
 
+def _call_region(report: MendReport | None) -> Any:
+    """The deferral region, plus the capture flags the mending kept."""
+    return report.region() if report is not None else runtime.region()
+
+
 class _Regions(threading.local):
     def __init__(self) -> None:
         self.stack: list[Any] = []
@@ -168,7 +176,7 @@ def compile(
 
         def pre_hook(module: Any, args: tuple, kwargs: dict) -> None:
             ensure_mended(args, kwargs)
-            region = runtime.region()
+            region = _call_region(state["report"])
             region.__enter__()
             regions.stack.append(region)
 
@@ -186,7 +194,7 @@ def compile(
         @functools.wraps(model)
         def holder(*args: Any, **kwargs: Any) -> Any:
             ensure_mended(args, kwargs)
-            with runtime.region():
+            with _call_region(state["report"]):
                 return inner(*args, **kwargs)
 
     holder.report = state["report"]

@@ -32,6 +32,7 @@ import torch
 import torch._dynamo
 
 from . import runtime
+from .capture import patched
 
 _GB_LINK = re.compile(r"/gb/gb(\d{4})\.html")
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
@@ -290,12 +291,15 @@ def trace_breaks(
     grad: bool = False,
     dynamic: bool | None = False,
     inputs: list[tuple[tuple, dict]] | None = None,
+    capture: tuple[str, ...] = (),
 ) -> Trace:
     """Compile ``fn`` with a counting backend, call it, and collect every break.
 
     ``inputs`` (a list of ``(args, kwargs)``) overrides ``args``/``kwargs`` and
     ``calls``: each entry is one call, so inputs that take different branches
-    show the graphs each one adds. Exceptions raised by the compiled call
+    show the graphs each one adds. ``capture`` names ``torch._dynamo.config``
+    flags (``capture_scalar_outputs``, ``capture_dynamic_output_shape_ops``)
+    turned on for this run only. Exceptions raised by the compiled call
     propagate (the caller decides whether that is the user's problem).
     """
     kwargs = kwargs or {}
@@ -315,7 +319,7 @@ def trace_breaks(
     start = time.perf_counter()
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     try:
-        with _graph_break_log() as collected, _quiet_dynamo():
+        with _graph_break_log() as collected, _quiet_dynamo(), patched(capture):
             compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
             for a, k in calls_list:
                 before = len(trace.graphs)

@@ -8,23 +8,29 @@ The pipeline, top to bottom (``mend_target``)::
         sites a rule claims, not tried yet
         locate -> rewrite -> build -> install, per function
         explain again                 -> breaks that remain, or were hidden
+        with [scalar] enabled, each explain also measures capture
+        (capture.py): scalar / dynamic-output capture kept only if it helps
     verify: observe mended (eager, inside a region) and compare
         on a difference: revert, then keep only the functions that verify alone
 
 Every site ends with one outcome: ``applied``, ``declined`` (with the
 rule's reason), ``reverted`` (verification found a difference, shown), or
-``out of scope`` (no rule addresses its category).
+``out of scope`` (no rule addresses its category). A site that capture
+removes is ``applied`` by [scalar] with the flag named; the kept flags are
+``report.capture`` and ``report.region()`` applies them around a call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
-from . import engine
+from . import engine, runtime
+from .capture import Capture, Trial, decide, removed_sites
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import trace_breaks
 from .rules import Decline, load_rules
@@ -32,7 +38,8 @@ from .sites import BreakSite, display_path
 from .targets import Target, private_copy, run_eager
 from .verify import Observation, compare, observe
 
-DEFAULT_RULES = ("where", "defer", "trap")
+DEFAULT_RULES = ("where", "defer", "trap", "scalar")
+CAPTURE_RULE = "scalar"  # the rule whose mechanism includes measured capture
 
 
 @dataclass
@@ -77,6 +84,14 @@ class MendReport:
     differences: list[str] = field(default_factory=list)
     seconds: float = 0.0
     rules: tuple[str, ...] = DEFAULT_RULES
+    capture: Capture = field(default_factory=Capture)
+
+    @contextlib.contextmanager
+    def region(self) -> Any:
+        """What ``graphmend.compile`` opens around every call: the deferral
+        region and the capture flags the mending was measured with."""
+        with runtime.region(), self.capture.context():
+            yield
 
     @property
     def applied(self) -> list[SiteOutcome]:
@@ -100,6 +115,7 @@ class MendReport:
             "differences": list(self.differences),
             "seconds": round(self.seconds, 3),
             "sites": [o.to_dict() for o in self.outcomes],
+            "capture": self.capture.to_dict(),
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
         }
@@ -257,7 +273,10 @@ def _mend_target(
     before = explain_target(target, grad=grad)
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
-    current = before
+    capture_on = CAPTURE_RULE in rules
+    current, plain, capture = before, before, Capture()
+    if capture_on:
+        current, plain, capture = _with_capture(target, grad, before)
     rounds = 0
     for _ in range(max_rounds):
         pending = [s for s in current.sites if _key(s) not in outcomes]
@@ -270,11 +289,13 @@ def _mend_target(
         if applied == 0:
             break
         try:
-            current = _retrace(target, grad)
+            current, plain, capture = _retrace(target, grad, capture_on)
         except Exception as exc:  # the mended code does not compile: undo this round
             _undo_round(mending, snapshot, codes, groups, outcomes, exc)
-            current = _retrace(target, grad)
+            current, plain, capture = _retrace(target, grad, capture_on)
             break
+    if _worse(current, before) and _revert_rule(mending, groups, outcomes, CAPTURE_RULE, current, before):
+        current, plain, capture = _retrace(target, grad, capture_on)
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -282,10 +303,11 @@ def _mend_target(
         differences = _verify(target, baseline, grad, mending.memo_attrs)
         verified = not differences
         if differences:
-            current = _bisect(target, baseline, grad, mending, groups, outcomes, differences)
+            current, plain, capture = _bisect(target, baseline, grad, mending, groups, outcomes, capture_on)
             verified = True  # what remains installed verified on its own
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
+    _credit_capture(capture, plain, current, outcomes)
     # Sites still breaking after their rewrite keep "applied" but say so.
     remaining = {_key(s): s for s in current.sites}
     for key, outcome in outcomes.items():
@@ -301,6 +323,7 @@ def _mend_target(
         differences=differences,
         seconds=time.perf_counter() - start,
         rules=tuple(rules),
+        capture=capture,
     )
     return report, mending
 
@@ -363,10 +386,91 @@ def _undo_round(
     torch._dynamo.reset()
 
 
-def _retrace(target: Target, grad: bool) -> ExplainReport:
+def _trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
+    """Trace a private copy with ``flags`` on; a tracing error is recorded, not raised."""
     subject = private_copy(target)
-    trace = trace_breaks(subject.model, subject.args, subject.kwargs, grad=grad)
-    return report_from_trace(target.name, trace)
+    try:
+        trace = trace_breaks(subject.model, subject.args, subject.kwargs, grad=grad, capture=flags)
+    except Exception as exc:
+        if not flags:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return Trial(flags, error=f"{type(exc).__name__}: {first}")
+    report = report_from_trace(target.name, trace)
+    return Trial(flags, report.graphs, report.recompiles, trace.frames_skipped, report=report)
+
+
+def _with_capture(target: Target, grad: bool, plain: ExplainReport) -> tuple[ExplainReport, ExplainReport, Capture]:
+    """(current, without capture, decision): ``current`` is measured under the kept flags."""
+    base = Trial((), plain.graphs, plain.recompiles, plain.frames_skipped, report=plain)
+    capture, best = decide(base, lambda flags: _trial(target, grad, flags))
+    return best.report, plain, capture
+
+
+def _retrace(target: Target, grad: bool, capture_on: bool = False) -> tuple[ExplainReport, ExplainReport, Capture]:
+    plain = _trial(target, grad, ()).report
+    if not capture_on:
+        return plain, plain, Capture()
+    return _with_capture(target, grad, plain)
+
+
+def _worse(after: ExplainReport, before: ExplainReport) -> bool:
+    return after.graphs > before.graphs or after.recompiles > before.recompiles
+
+
+def _revert_rule(
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    rule: str,
+    after: ExplainReport,
+    before: ExplainReport,
+) -> bool:
+    """Undo every patch holding a site ``rule`` applied (the rewrite made the
+    measured program worse, e.g. a loop rewrite whose capture was refused)."""
+    doomed = {
+        index for index, keys in groups.items()
+        if any(outcomes[k].status == "applied" and outcomes[k].rule == rule for k in keys if k in outcomes)
+    }
+    if not doomed:
+        return False
+    reason = (
+        f"reverted: with this rewrite the program got worse (graphs {before.graphs} -> {after.graphs}, "
+        f"recompiles {before.recompiles} -> {after.recompiles}, abandoned frames {before.frames_skipped} -> "
+        f"{after.frames_skipped})"
+    )
+    kept: list[engine.Patch] = []
+    new_groups: dict[int, list[tuple[str, int]]] = {}
+    for index, patch in enumerate(mending.patches):
+        if index in doomed:
+            patch.uninstall()
+            for key in groups.get(index, []):
+                if outcomes[key].status == "applied":
+                    outcomes[key].status = "reverted"
+                    outcomes[key].reason = reason
+        else:
+            new_groups[len(kept)] = groups.get(index, [])
+            kept.append(patch)
+    mending.patches[:] = kept
+    groups.clear()
+    groups.update(new_groups)
+    torch._dynamo.reset()
+    return True
+
+
+def _credit_capture(
+    capture: Capture, plain: ExplainReport, current: ExplainReport, outcomes: dict[tuple[str, int], SiteOutcome]
+) -> None:
+    """Sites that break without the kept flags but not with them: applied by capture."""
+    if not capture.flags:
+        return
+    by_key = {_key(s): s for s in plain.sites}
+    reason = "removed by " + " + ".join(capture.flags) + " (measured; applied by graphmend.compile)"
+    for key in sorted(removed_sites(plain, current)):
+        old = outcomes.get(key)
+        if old is not None and old.status == "applied":
+            continue
+        outcomes[key] = _outcome(by_key[key], "applied", reason, CAPTURE_RULE)
 
 
 def _bisect(
@@ -376,8 +480,8 @@ def _bisect(
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
     outcomes: dict[tuple[str, int], SiteOutcome],
-    differences: list[str],
-) -> ExplainReport:
+    capture_on: bool,
+) -> tuple[ExplainReport, ExplainReport, Capture]:
     """Keep each patched function only if the target verifies with it installed."""
     patches = list(mending.patches)
     for patch in reversed(patches):
@@ -402,4 +506,4 @@ def _bisect(
         else:
             mending.patches.append(patch)
     torch._dynamo.reset()
-    return _retrace(target, grad)
+    return _retrace(target, grad, capture_on)

@@ -29,14 +29,11 @@ CATEGORIES: dict[str, str] = {
     "OTHER": "other",
 }
 
-#: The rule that addresses each category (the paper's three rules).
-RULE_FOR: dict[str, str] = {"DC": "where", "LC": "defer", "VG": "trap"}
+#: The rule that addresses each category (the paper's three rules, and
+#: [Scalar] beyond the paper for data-dependent scalars and shapes).
+RULE_FOR: dict[str, str] = {"DC": "where", "LC": "defer", "VG": "trap", "TI": "scalar", "DO": "scalar"}
 
 OUT_OF_SCOPE: dict[str, str] = {
-    "TI": "a tensor becomes a Python number; torch can capture it with "
-    "torch._dynamo.config.capture_scalar_outputs=True, no source rule applies",
-    "DO": "the output shape depends on tensor values; torch can capture it with "
-    "torch._dynamo.config.capture_dynamic_output_shape_ops=True",
     "DS": "a dynamic-shape limitation of Dynamo, not a source pattern",
     "UNSUP": "a call Dynamo cannot trace; no rule rewrites it",
     "OTHER": "not a pattern any rule addresses",
@@ -210,6 +207,8 @@ _VERDICT = {
     "where": "[Where] predicate the branch with torch.where / torch.cond",
     "defer": "[Defer] record in the graph, emit after the compiled call",
     "trap": "[Trap] compute a flag in the graph, raise at the call boundary",
+    "scalar": "[Scalar] capture the value in the graph where measurement shows it helps, "
+    "or rewrite the pattern (full loop over a filtered index list, scalar fed to tensor ops)",
 }
 
 
