@@ -279,7 +279,10 @@ def _mend_target(
         current, plain, capture = _with_capture(target, grad, before)
     rounds = 0
     for _ in range(max_rounds):
-        pending = [s for s in current.sites if _key(s) not in outcomes]
+        # Rules see every site that breaks without capture (a rewrite beats a
+        # captured host read) and those that only appear with it.
+        sites = plain.sites + [s for s in current.sites if _key(s) not in {_key(p) for p in plain.sites}]
+        pending = [s for s in sites if _key(s) not in outcomes]
         if not pending:
             break
         rounds += 1

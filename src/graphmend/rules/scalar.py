@@ -21,8 +21,9 @@ Two mechanisms, each proven or declined:
      is a no-op there. An ``if sel.numel() == 0: continue`` guard in such a
      body is dropped (it is a no-op by the same proof).
    * *a scalar fed to tensor arithmetic*: ``x * t.item()`` (also ``+``, ``-``)
-     becomes ``x * t.detach()`` when ``t`` is 0-dim with ``x``'s dtype and
-     device (checked while tracing, the original runs otherwise): a 0-dim
+     becomes ``x * t.detach()`` when ``x`` is a tensor and ``t`` is 0-dim with
+     ``x``'s dtype and device (checked while tracing, the original runs
+     otherwise): a 0-dim
      tensor takes part in type promotion like a Python scalar and its value
      reaches the kernel unchanged, so the result is bit-identical.
 
@@ -61,7 +62,8 @@ The ``if`` is on shapes only, so Dynamo decides it while tracing (no break).
   the selection; a module call whose forward (and submodules') is not pure;
   a name the loop assigns read after the loop;
 - ``.item()`` whose value reaches Python control flow, ``int()``, a
-  container or any use other than ``*``/``+``/``-`` with a proven tensor;
+  container or any use other than an operand of ``*``/``+``/``-`` (the other
+  operand must be a tensor at run time, else the original runs);
 - any other TI / DO site: only measured capture can help there (reported).
 
 ## Fix safety
@@ -80,7 +82,7 @@ from typing import Any
 
 import torch
 
-from ..analysis import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, FunctionFacts, _impure_call, is_tensor_expr
+from ..analysis import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, FunctionFacts, _impure_call
 from . import Decline, Rule, RewriteContext, register
 
 _SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
@@ -141,7 +143,7 @@ class Scalar(Rule):
             return items
         if any(_is_item(n) for n in ast.walk(stmt)):
             raise Decline(
-                "the .item() value is used other than in `*`/`+`/`-` with a proven tensor (control flow, int(), "
+                "the .item() value is used other than in `*`/`+`/`-` (control flow, int(), "
                 "a container): no exact source rewrite; capture_scalar_outputs is measured instead"
             )
         raise Decline(
@@ -448,6 +450,11 @@ class _FullLoop:
             if isinstance(func, ast.Name) and func.id in modules:
                 self._modules_pure(modules[func.id], where)
                 continue
+            if self._module_lookup(func, var):  # self.experts[e](...)
+                self._modules_pure(func.value, where)
+                if not any(ast.dump(func.value) == ast.dump(c) for c in self.containers):
+                    self.containers.append(func.value)
+                continue
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
                 self._modules_pure(func, where, single=True)
                 continue
@@ -572,11 +579,12 @@ def _is_item(node: ast.AST) -> bool:
 
 
 class _ItemOperands(ast.NodeTransformer):
-    """``x <op> t.item()`` -> ``(t.detach() if <same 0-dim meta> else t.item())``."""
+    """``x <op> t.item()`` -> ``(t.detach() if <x is a tensor, t 0-dim with its dtype and device> else t.item())``.
+
+    The test reads only metadata, so Dynamo decides it while tracing."""
 
     def __init__(self, ctx: RewriteContext) -> None:
         self.ctx = ctx
-        self.facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
         self.count = 0
 
     def find(self, stmt: ast.stmt) -> list[ast.stmt]:
@@ -598,11 +606,19 @@ class _ItemOperands(ast.NodeTransformer):
             return node
         for side, other in (("right", node.left), ("left", node.right)):
             item = getattr(node, side)
-            if _is_item(item) and self._plain(item.func.value) and self._plain(other) and is_tensor_expr(other, self.facts):
-                setattr(node, side, self._guarded(item, other))
-                self.count += 1
-                break
+            if not (_is_item(item) and self._plain(item.func.value)):
+                continue
+            if not self._plain(other):
+                if side == "left":
+                    continue  # the other operand is evaluated after the item: it cannot be read first
+                bound = self.ctx.fresh("operand")
+                node.left = ast.NamedExpr(target=ast.Name(id=bound, ctx=ast.Store()), value=other)
+                other = _load(bound)
+            setattr(node, side, self._guarded(item, other))
+            self.count += 1
+            break
         return node
+
 
     @staticmethod
     def _plain(node: ast.expr) -> bool:
@@ -614,6 +630,7 @@ class _ItemOperands(ast.NodeTransformer):
     def _guarded(self, item: ast.Call, other: ast.expr) -> ast.expr:
         t = item.func.value
         same = [
+            _call(self.ctx.torch("is_tensor"), copy.deepcopy(other)),
             ast.Compare(left=_call(_attr(copy.deepcopy(t), "dim")), ops=[ast.Eq()], comparators=[ast.Constant(0)]),
             ast.Compare(left=_attr(copy.deepcopy(t), "dtype"), ops=[ast.Eq()], comparators=[_attr(copy.deepcopy(other), "dtype")]),
             ast.Compare(left=_attr(copy.deepcopy(t), "device"), ops=[ast.Eq()], comparators=[_attr(copy.deepcopy(other), "device")]),
