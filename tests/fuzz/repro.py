@@ -1,0 +1,56 @@
+"""Reproduce one saved program: ``python -m tests.fuzz.repro FILE [--seed N] [--start K]``.
+
+Prints the rewritten functions and every difference the runner finds."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import torch
+
+import graphmend
+from graphmend import api
+
+from .generator import Program
+from .runner import check_program, inputs_for, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz.repro")
+    parser.add_argument("file")
+    parser.add_argument("--grad", action="store_true")
+    args = parser.parse_args(argv)
+    text = open(args.file).read()
+    params = dict(re.findall(r"^# (seed|start|grad|inductor|aot)=(\S+)$", text, re.M))
+    source = "\n".join(line for line in text.splitlines() if not line.startswith("# ")) + "\n"
+    program = Program(source)
+    seed, start = int(params.get("seed", 0)), int(params.get("start", 0))
+    grad = args.grad or params.get("grad") == "True"
+    # the rewrite, for reading
+    import tempfile
+
+    module = load(program, tempfile.mkdtemp())
+    torch.manual_seed(0)
+    model = module.Model().eval()
+    xs = inputs_for(seed)
+    with graphmend.verify.quiet():
+        report = graphmend.mend(model, xs[start % len(xs)])
+    for outcome in report.outcomes:
+        print(f"{outcome.line:4d} {outcome.status:9s} [{outcome.rule}] {outcome.reason}")
+    for _, mending in api._ACTIVE.values():
+        for patch in mending.patches:
+            print(patch.source)
+    graphmend.unmend()
+    result = check_program(program, seed=seed, start=start, grad=grad, aot=params.get("aot") != "False")
+    print(result.status, result.detail)
+    for line in result.mismatches:
+        print("MISMATCH", line)
+    for line in result.backend_differences:
+        print("backend", line)
+    return 1 if result.mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""Run one generated program against its mended self, and many in a row.
+
+For each program (``check_program``):
+
+1. import it from a real file under a unique module name (graphmend reads
+   source through ``inspect`` / ``ast``) and build ``Model()`` with seeded
+   weights;
+2. the reference: the original, eagerly, called on every input in turn on one
+   private copy (state carries from call to call, as it would for a user);
+3. mend through the public API, ``graphmend.compile(model, backend=counting,
+   example_inputs=...)``, with the first input (from a drawn start) on which
+   the original runs without raising;
+4. the arms, each on its own fresh copy, called on the same inputs in the
+   same order: the mended program eagerly (inside a deferral region, as
+   compiled calls run), the ``graphmend.compile`` result (counting backend),
+   ``torch.compile(..., backend="aot_eager")`` of the mended program, and on a
+   sample Inductor; on a subset the eager and ``aot_eager`` arms again with
+   grad enabled, backward through the output;
+5. after every call: output (bit for bit), exception (type and message),
+   module state, stdout, stderr, log records and warnings, compared with
+   ``graphmend.verify.compare``; gradients of the input and every parameter
+   (bit for bit). Inductor outputs are compared to a tolerance.
+
+A difference in a compiled arm is graphmend's only if the original program,
+compiled with the same backend and not mended, does not show it too (that is
+the backend's behaviour; counted as ``backend``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import linecache
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+import graphmend
+from graphmend import runtime
+from graphmend.verify import Observation, _capture_log_records, _detach, compare, fresh_once_caches, module_state
+
+from .generator import Program
+
+_SEQ = [0]
+
+
+def load(program: Program, folder: str) -> Any:
+    """Write the program to ``folder`` and import it under a unique name."""
+    _SEQ[0] += 1
+    name = f"graphmend_fuzz_{program.digest}_{_SEQ[0]}"
+    path = os.path.join(folder, name + ".py")
+    with open(path, "w") as fh:
+        fh.write(program.source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def unload(module: Any) -> None:
+    sys.modules.pop(module.__name__, None)
+    linecache.checkcache(module.__file__)
+
+
+def inputs_for(seed: int) -> list[torch.Tensor]:
+    """Inputs that take both sides of every generated test: mixed signs, all
+    negative, all positive, zeros, large (fp16 overflow), inf, nan, small."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(2, 4, generator=gen) * 2
+    inf, nan = base.clone(), base.clone()
+    inf[0, 1] = float("inf")
+    nan[1, 2] = float("nan")
+    return [base, -base.abs() - 0.1, base.abs() + 0.5, torch.zeros(2, 4), base * 1e4, inf, nan, base * 0.1]
+
+
+class CountingBackend:
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        self.graphs += 1
+        return gm.forward
+
+
+@contextlib.contextmanager
+def _captured(obs: Observation):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(_capture_log_records(obs.records))
+        stack.enter_context(fresh_once_caches())
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        yield
+        obs.warnings = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
+    obs.stdout, obs.stderr = out.getvalue(), err.getvalue()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bool, grad: bool) -> Observation:
+    """One observed call: output (plus gradients under grad), exception, state, effects."""
+    obs = Observation()
+    arg = x.clone().requires_grad_(grad)
+    with _captured(obs), (torch.enable_grad() if grad else torch.no_grad()):
+        try:
+            with runtime.region() if region else contextlib.nullcontext():
+                result = fn(arg)
+            obs.output = _detach(result)
+            if grad:
+                obs.output = (obs.output, _gradients(result, arg, state_of))
+        except Exception as exc:  # the exception is part of the behaviour
+            obs.exception = (type(exc).__qualname__, str(exc))
+    obs.state = _zero_dim(module_state(state_of))
+    obs.output = _zero_dim(obs.output)
+    obs.records = [r for r in obs.records if not r[0].startswith("torch")]  # Dynamo's own (recompile limits)
+    return obs
+
+
+def _zero_dim(value: Any) -> Any:
+    """Wrap 0-dim tensors so ``compare`` checks their bits: ``verify._bits_equal``
+    cannot view a 0-dim tensor as bytes and falls back to ``torch.equal``,
+    which calls two NaNs different (tests/test_fuzz_regressions.py, xfail)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return ("0-dim", value.reshape(1))
+    if isinstance(value, dict):
+        return {k: _zero_dim(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_zero_dim(v) for v in value)
+    return value
+
+
+def _gradients(result: Any, arg: torch.Tensor, module: torch.nn.Module) -> dict[str, Any]:
+    outs = [t for t in _tensors(result) if t.requires_grad]
+    if not outs:
+        return {"backward": "no output requires grad"}
+    sum(t.float().sum() for t in outs).backward()
+    grads = {"x": arg.grad}
+    for name, param in module.named_parameters():
+        grads[name] = param.grad
+        param.grad = None
+    return _detach(grads)
+
+
+def _close(a: Observation, b: Observation) -> list[str]:
+    """Inductor: values to a tolerance, everything else exactly."""
+    diffs = [d for d in compare(a, b) if "values differ" not in d]
+    for x, y in zip(_tensors(a.output), _tensors(b.output)):
+        if x.shape == y.shape and not torch.allclose(x.double(), y.double(), rtol=1e-3, atol=1e-3, equal_nan=True):
+            diffs.append("output: values differ beyond tolerance")
+    return diffs
+
+
+@dataclass
+class Result:
+    digest: str
+    status: str  # checked | invalid (no input runs eagerly) | mend-error | harness-error
+    mismatches: list[str] = field(default_factory=list)
+    backend_differences: list[str] = field(default_factory=list)
+    outcomes: list[tuple[str, str, str, str]] = field(default_factory=list)  # category, rule, status, reason
+    detail: str = ""
+    graphs: tuple[int, int] = (0, 0)  # graphs on the example input, before and after mending (the report's)
+
+
+def _series(make: Callable[[], tuple[Callable, torch.nn.Module]], xs: list[torch.Tensor], *, region: bool, grad: bool) -> list[Observation]:
+    fn, state_of = make()
+    return [call(fn, state_of, x, region=region, grad=grad) for x in xs]
+
+
+def _first_valid(pristine: torch.nn.Module, xs: list[torch.Tensor], start: int) -> int | None:
+    for k in range(len(xs)):
+        i = (start + k) % len(xs)
+        obs = call(copy.deepcopy(pristine), pristine, xs[i], region=False, grad=False)
+        if obs.exception is None:
+            return i
+    return None
+
+
+def check_program(
+    program: Program,
+    *,
+    seed: int = 0,
+    start: int = 0,
+    grad: bool = False,
+    inductor: bool = False,
+    aot: bool = True,
+    folder: str | None = None,
+) -> Result:
+    own = folder is None
+    folder = folder or tempfile.mkdtemp(prefix="graphmend-fuzz-")
+    module = load(program, folder)
+    try:
+        return _check(module, program, seed=seed, start=start, grad=grad, inductor=inductor, aot=aot)
+    finally:
+        graphmend.unmend()
+        torch._dynamo.reset()
+        unload(module)
+        if own:
+            for name in os.listdir(folder):
+                os.remove(os.path.join(folder, name))
+            os.rmdir(folder)
+
+
+def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, inductor: bool, aot: bool) -> Result:
+    result = Result(program.digest, "checked")
+    torch.manual_seed(0)
+    pristine = module.Model()
+    pristine.eval()
+    xs = inputs_for(seed)
+    example = _first_valid(pristine, xs, start)
+    if example is None:
+        result.status = "invalid"
+        return result
+
+    def fresh(compiler: Callable | None = None) -> Callable[[], tuple[Callable, torch.nn.Module]]:
+        def make() -> tuple[Callable, torch.nn.Module]:
+            model = copy.deepcopy(pristine)
+            return (compiler(model) if compiler else model), model
+
+        return make
+
+    grad_xs = [xs[i] for i in (0, 1, 2, 7)]
+    reference = _series(fresh(), xs, region=False, grad=False)
+    grad_reference = _series(fresh(), grad_xs, region=False, grad=True) if grad else []
+
+    # Mend through the public API: graphmend.compile with the example input.
+    mended_model = copy.deepcopy(pristine)
+    counting = CountingBackend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = graphmend.compile(mended_model, backend=counting, example_inputs=(xs[example].clone(),))
+    if compiled.report is None:
+        result.status = "mend-error"
+        result.detail = "; ".join(str(w.message) for w in caught if "graphmend" in str(w.message))
+        return result
+    result.outcomes = [(o.category, o.rule or "-", o.status, o.reason) for o in compiled.report.outcomes]
+    result.graphs = (compiled.report.before.graphs, compiled.report.after.graphs)
+
+    arms: dict[str, tuple[list[Observation], list[Observation]]] = {}
+    arms["eager"] = (reference, _series(fresh(), xs, region=True, grad=False))
+    arms["counting"] = (reference, _series(lambda: (compiled, mended_model), xs, region=False, grad=False))
+    if aot:
+        arms["aot_eager"] = (reference, _series(fresh(_aot), xs, region=True, grad=False))
+    if grad:
+        arms["eager+grad"] = (grad_reference, _series(fresh(), grad_xs, region=True, grad=True))
+        if aot:
+            arms["aot_eager+grad"] = (grad_reference, _series(fresh(_aot), grad_xs, region=True, grad=True))
+    if inductor:
+        arms["inductor"] = (reference, _series(fresh(_inductor), xs, region=True, grad=False))
+
+    suspects: dict[str, list[str]] = {}
+    for arm, (expected, got) in arms.items():
+        diff = _differences(arm, expected, got, xs if "grad" not in arm else grad_xs)
+        if diff:
+            suspects[arm] = diff
+    graphmend.unmend()
+    torch._dynamo.reset()
+    for arm, diff in suspects.items():
+        if arm.startswith("eager"):
+            result.mismatches += diff
+            continue
+        # The same backend on the unmended original: if it differs the same way, it is the backend's.
+        backend = {"counting": lambda m: torch.compile(m, backend=CountingBackend())}.get(arm, _inductor if arm == "inductor" else _aot)
+        g = "grad" in arm
+        control = _series(fresh(backend), grad_xs if g else xs, region=False, grad=g)
+        mended_obs = arms[arm][1]
+        same = all(not compare(c, m) for c, m in zip(control, mended_obs))
+        (result.backend_differences if same else result.mismatches).extend(diff)
+    return result
+
+
+def _aot(model: torch.nn.Module) -> Callable:
+    return torch.compile(model, backend="aot_eager")
+
+
+def _inductor(model: torch.nn.Module) -> Callable:
+    return torch.compile(model, backend="inductor")
+
+
+def _differences(arm: str, expected: list[Observation], got: list[Observation], xs: list[torch.Tensor]) -> list[str]:
+    out = []
+    for i, (a, b) in enumerate(zip(expected, got)):
+        diff = _close(a, b) if arm == "inductor" else compare(a, b)
+        out += [f"{arm}, call {i + 1}: {d}" for d in diff]
+    return out
+
+
+# --------------------------------------------------------------------------
+# many programs
+
+
+_MASKS = [
+    (re.compile(r"`[^`]*`"), "`...`"),
+    (re.compile(r"'[^']*'"), "'...'"),
+    (re.compile(r"\([^()]*;\s*names\)"), "(...)"),
+    (re.compile(r"\d+"), "N"),
+]
+
+
+def reason_class(reason: str) -> str:
+    """A decline reason with names and numbers masked, for counting."""
+    for pattern, repl in _MASKS:
+        reason = pattern.sub(repl, reason)
+    return reason.split(": verification found")[0][:110]
+
+
+@dataclass
+class Summary:
+    programs: int = 0
+    checked: int = 0
+    invalid: int = 0
+    mend_errors: list[str] = field(default_factory=list)
+    harness_errors: list[str] = field(default_factory=list)
+    mismatches: list[tuple[str, list[str]]] = field(default_factory=list)
+    backend_differences: int = 0
+    status: Counter = field(default_factory=Counter)
+    declined: Counter = field(default_factory=Counter)
+    graphs_before: int = 0
+    graphs_after: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: Result) -> None:
+        self.programs += 1
+        if result.status == "invalid":
+            self.invalid += 1
+            return
+        if result.status == "mend-error":
+            self.mend_errors.append(f"{result.digest}: {result.detail}")
+            return
+        if result.status == "harness-error":
+            self.harness_errors.append(f"{result.digest}: {result.detail}")
+            return
+        self.checked += 1
+        self.graphs_before += result.graphs[0]
+        self.graphs_after += result.graphs[1]
+        for category, rule, status, reason in result.outcomes:
+            self.status[(rule, status)] += 1
+            if status != "applied":
+                self.declined[f"{status} [{rule}] {reason_class(reason)}"] += 1
+        if result.mismatches:
+            self.mismatches.append((result.digest, result.mismatches))
+        self.backend_differences += len(result.backend_differences)
+
+    def render(self) -> str:
+        applied = sum(n for (_, s), n in self.status.items() if s == "applied")
+        not_applied = sum(n for (_, s), n in self.status.items() if s != "applied")
+        rate = self.seconds / max(self.programs, 1)
+        lines = [
+            f"programs tried: {self.programs} ({self.checked} checked, {self.invalid} with no input valid eagerly)"
+            f" in {self.seconds:.0f} s ({rate:.2f} s/program)",
+            f"sites mended: {applied}; sites not mended: {not_applied}"
+            f" | graphs on the example input: {self.graphs_before} -> {self.graphs_after}",
+            "by rule and status: " + ", ".join(f"{r} {s} {n}" for (r, s), n in sorted(self.status.items())),
+            "sites not mended, by reason:",
+            *[f"  {n:6d}  {reason}" for reason, n in self.declined.most_common()],
+            f"mend errors: {len(self.mend_errors)}",
+            *[f"  {e}" for e in self.mend_errors[:10]],
+            f"harness errors: {len(self.harness_errors)}",
+            *[f"  {e}" for e in self.harness_errors[:10]],
+            f"backend differences (the unmended original differs the same way): {self.backend_differences}",
+            f"mismatches: {len(self.mismatches)}",
+        ]
+        for digest, diffs in self.mismatches[:20]:
+            lines.append(f"  {digest}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
+        return "\n".join(lines)
+
+
+def save_failure(folder: str, program: Program, result: Result, params: dict[str, Any]) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"fuzz_{program.digest}.py")
+    notes = [f"# {key}={value!r}" for key, value in params.items()]
+    notes += [f"# {result.status}: {line}" for line in (result.mismatches or [result.detail])[:30]]
+    with open(path, "w") as fh:
+        fh.write("\n".join(notes) + "\n" + program.source)
+    return path
+
+
+def run_many(
+    count: int,
+    *,
+    seed: int | None = None,
+    grad_every: int = 3,
+    inductor_every: int = 0,
+    aot_every: int = 1,
+    max_statements: int = 6,
+    failures: str | None = None,
+    progress: Callable[[Summary], None] | None = None,
+    progress_every: int = 50,
+) -> Summary:
+    """Check ``count`` generated programs; ``seed=None`` derandomizes (CI).
+
+    Hypothesis draws the programs (generate phase only: every program is
+    checked and recorded, none is shrunk); mismatches are collected, not
+    raised, and written to ``failures`` when given."""
+    import time
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    from .generator import programs
+
+    summary = Summary()
+    folder = tempfile.mkdtemp(prefix="graphmend-fuzz-")
+    began = time.perf_counter()
+
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        derandomize=seed is None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(programs(max_statements=max_statements), st.integers(0, 2**16), st.integers(0, 7))
+    def one(program: Program, input_seed: int, start: int) -> None:
+        index = summary.programs
+        params = {
+            "seed": input_seed,
+            "start": start,
+            "grad": grad_every > 0 and index % grad_every == 0,
+            "inductor": inductor_every > 0 and index % inductor_every == 0,
+            "aot": aot_every > 0 and index % aot_every == 0,
+        }
+        try:
+            result = check_program(program, folder=folder, **params)
+        except Exception as exc:  # a harness bug must not end a long run
+            result = Result(program.digest, "harness-error", detail=f"{type(exc).__name__}: {exc}"[:300])
+            graphmend.unmend()
+            torch._dynamo.reset()
+        summary.add(result)
+        summary.seconds = time.perf_counter() - began
+        if failures and result.status != "checked" and result.status != "invalid" or failures and result.mismatches:
+            save_failure(failures, program, result, params)
+        if progress and summary.programs % progress_every == 0:
+            progress(summary)
+
+    if seed is not None:
+        one = hypothesis_seed(seed)(one)
+    one()
+    summary.seconds = time.perf_counter() - began
+    for name in os.listdir(folder):
+        os.remove(os.path.join(folder, name))
+    os.rmdir(folder)
+    return summary
