@@ -81,6 +81,56 @@ def cmd_mend(ns: argparse.Namespace) -> int:
     return EXIT_FOUND if report.after.breaks or report.after.gave_up else EXIT_CLEAN
 
 
+def cmd_fix(ns: argparse.Namespace) -> int:
+    import time
+
+    from .compat import check_environment
+    from .fix import fix_target, write_changes, write_patches
+    from .targets import load_target
+    from .verify import quiet
+
+    check_environment()
+    if not os.path.isdir(ns.root):
+        raise GraphmendError(f"--root {ns.root}: no such directory")
+    started = time.time()
+    with contextlib.redirect_stdout(sys.stderr):  # the model's prints never mix with the diff
+        target = load_target(ns.target)
+        with quiet():
+            report = fix_target(target, root=ns.root, started=started)
+    project = [c for c in report.changes if c.kind == "project"]
+    packages = [c for c in report.changes if c.kind == "package"]
+    if ns.write:
+        write_changes(report, force=ns.force)
+    if ns.patch_dir:
+        write_patches(report, ns.patch_dir)
+    shown = [] if ns.write else project + ([] if ns.patch_dir else packages)
+    if ns.json:
+        data = report.to_dict()
+        data["diff"] = "".join(c.diff() for c in shown)
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.flush()
+        for change in shown:
+            sys.stdout.buffer.write(change.diff().encode(change.encoding))
+        sys.stdout.flush()
+    mend = report.mend
+    status = {True: "verified", False: "NOT verified", None: "nothing to verify"}[mend.verified]
+    print(f"graphmend fix {report.target}: breaks {mend.before.breaks} -> {mend.after.breaks}, {status}; "
+          f"{len(report.changes)} file(s) to change", file=sys.stderr)
+    for path in report.written:
+        print(f"  wrote {path}", file=sys.stderr)
+    for path in report.backups:
+        print(f"  backup {path}", file=sys.stderr)
+    for path in report.patches:
+        print(f"  patch {path}", file=sys.stderr)
+    if ns.write and packages and not ns.patch_dir:
+        print(f"  {len(packages)} file(s) of installed packages not touched: pass --patch-dir DIR for patches",
+              file=sys.stderr)
+    for line in report.skipped + report.notes:
+        print(f"  note: {line}", file=sys.stderr)
+    return EXIT_FOUND if shown else EXIT_CLEAN
+
+
 def cmd_bench(ns: argparse.Namespace) -> int:
     from .bench import bench
     from .compat import check_environment
@@ -142,6 +192,19 @@ def cmd_suite(ns: argparse.Namespace) -> int:
         chart = write_chart(report, os.path.splitext(ns.json)[0] + ".png")
         print(f"wrote {ns.json}" + (f" and {chart}" if chart else " (no chart: matplotlib is not installed)"))
     return EXIT_ERROR if report.totals()["rows_failed"] else EXIT_CLEAN
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from .check import check_paths, parse_select
+
+    report = check_paths(ns.paths, select=parse_select(ns.select))
+    if ns.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            print(line)
+    print(report.summary(), file=sys.stderr)
+    return EXIT_FOUND if report.findings else EXIT_CLEAN
 
 
 def cmd_rules(ns: argparse.Namespace) -> int:
@@ -228,6 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mend)
 
+    p = sub.add_parser("fix", help="write the verified rewrites as source: a diff, the files, or package patches")
+    p.add_argument("target", help=_target_help())
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--diff", action="store_true", help="print a unified diff (the default); exit 1 when non-empty")
+    how.add_argument("--write", action="store_true", help="rewrite the project's files in place, atomically")
+    p.add_argument("--patch-dir", metavar="DIR", help="write one <package>.patch per installed package changed")
+    p.add_argument("--root", default=".", help="the project: files under it are yours, others are packages (default .)")
+    p.add_argument("--force", action="store_true", help="--write even files with uncommitted changes in git")
+    p.add_argument("--json", action="store_true", help="print the report (and the diff) as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_fix)
+
     p = sub.add_parser("bench", help="measure the original and the mended target side by side")
     p.add_argument("target", help=_target_help())
     p.add_argument("--backend", choices=["inductor", "eager"], default="inductor")
@@ -249,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON, and a PNG chart beside it")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_suite)
+
+    p = sub.add_parser("check", help="list candidate break sites in source files, statically (no model, no run)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON (schema in the README)")
+    p.add_argument("--select", help="comma-separated codes or prefixes (GM101,GM2; ALL adds the informational GM4xx)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("rules", help="list the rules, or show one rule's documentation")
     p.add_argument("name", nargs="?")

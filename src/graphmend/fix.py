@@ -1,0 +1,643 @@
+"""``graphmend fix``: the verified rewrites, written back as source.
+
+``fix`` mends the target in memory exactly as ``graphmend.compile`` does
+(discovery, rules, eager verification, bisect on a difference), then turns
+each installed, verified rewrite into a source change:
+
+* files of the user's project (under ``--root``, the current directory by
+  default, and not inside site-packages) become a unified diff (``--diff``,
+  the default) or are rewritten in place (``--write``);
+* files of installed packages are never touched: their changes become one
+  patch per package under ``--patch-dir``, with paths relative to the
+  directory that holds the package (``a/transformers/models/t5/...``), so
+  ``patch -p1 -d src`` applies it in that library's repository.
+
+What is written, and what is not:
+
+* Only the statements a rule replaced change. The new body of each mended
+  function is aligned with the original statement by statement; a compound
+  statement whose header is unchanged is descended into, so an ``if`` whose
+  body holds one deferred ``print`` changes only that line. Every other byte
+  of the file (comments, blank lines, formatting, tabs, line endings,
+  encoding, a BOM) stays as it was. Comments inside a replaced statement are
+  kept as comment lines above its replacement.
+* [Where] emits plain torch (plus small guards); [Defer] and [Trap] call the
+  runtime, imported once per file as ``import graphmend.runtime as
+  graphmend_rt`` (after the file's leading imports). Deferred effects and
+  trapped checks are break-free inside ``graphmend.compile`` or a
+  ``graphmend.runtime.region()`` around the compiled call; outside one they
+  run immediately, as the original did.
+* The result is re-parsed, and every mended function in it must be, node
+  for node, the code that was verified (log and warning sites are renumbered
+  to their new lines), or the file is not written.
+* ``--write`` replaces a file atomically (a temporary file in the same
+  directory, then ``os.replace``). A file with uncommitted changes in git is
+  refused unless ``--force``; a file outside git (or forced) keeps a backup
+  beside it.
+
+``fix`` on already-fixed code changes nothing: the rewritten sites no longer
+break, so there is nothing to mend.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import io
+import os
+import subprocess
+import tempfile
+import time
+import tokenize
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import GraphmendError
+from .rules import RUNTIME_NAME, Decline
+from .source import first_line
+
+RUNTIME_ALIAS = "graphmend_rt"
+IMPORT_LINE = f"import graphmend.runtime as {RUNTIME_ALIAS}"
+_SITE_CALLS = {"print_", "log", "warn", "trap"}  # runtime calls whose first argument is (module, line, function)
+_BODY_FIELDS = ("body", "orelse", "finalbody")
+
+
+@dataclass
+class FileChange:
+    path: str  # absolute
+    display: str  # the path in the diff (a/<display>)
+    kind: str  # "project" | "package"
+    package: str | None
+    encoding: str
+    old: str
+    new: str
+    functions: list[str] = field(default_factory=list)
+    sites: list[int] = field(default_factory=list)  # original lines of the mended sites
+
+    def diff(self) -> str:
+        return unified_diff(self.old, self.new, self.display)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "display": self.display,
+            "kind": self.kind,
+            "package": self.package,
+            "functions": list(self.functions),
+            "sites": list(self.sites),
+        }
+
+
+@dataclass
+class FixReport:
+    target: str
+    mend: Any  # MendReport
+    changes: list[FileChange] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # files not changed, with why
+    notes: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    backups: list[str] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "target": self.target,
+            "verified": self.mend.verified,
+            "breaks_before": self.mend.before.breaks,
+            "breaks_after": self.mend.after.breaks,
+            "changes": [c.to_dict() for c in self.changes],
+            "skipped": list(self.skipped),
+            "notes": list(self.notes),
+            "written": list(self.written),
+            "backups": list(self.backups),
+            "patches": list(self.patches),
+        }
+
+
+# --------------------------------------------------------------------------
+# from a target to file changes
+
+
+def fix_target(target: Any, *, root: str = ".", started: float | None = None) -> FixReport:
+    """Mend ``target``, keep what verified, and compute the file changes (nothing is written)."""
+    from .mend import mend_target
+
+    started = time.time() if started is None else started
+    report, mending = mend_target(target, verify=True)
+    result = FixReport(target=target.name, mend=report)
+    try:
+        if not mending.patches or not report.verified:
+            return result
+        by_file: dict[str, list[Any]] = {}
+        for patch in mending.patches:
+            by_file.setdefault(patch.located.filename, []).append(patch)
+        for path, patches in sorted(by_file.items()):
+            try:
+                if os.stat(path).st_mtime > started:
+                    raise Decline("the file changed on disk while graphmend ran")
+                change = file_change(path, patches, root)
+            except Decline as exc:
+                result.skipped.append(f"{path}: {exc.reason}")
+                continue
+            change.sites = sorted(o.line for o in report.applied if os.path.realpath(o.file) == os.path.realpath(path))
+            result.changes.append(change)
+        if mending.memo_attrs:
+            result.notes.append(
+                "hoisted memo attribute(s) " + ", ".join(sorted(mending.memo_attrs)) + " are created on the first "
+                "call by the written code (graphmend.compile fills them at mend time): expect one recompile"
+            )
+        flags = getattr(getattr(report, "capture", None), "flags", None)
+        if flags:
+            result.notes.append(
+                "the fix was measured with " + ", ".join(f"torch._dynamo.config.{f}=True" for f in flags)
+                + "; graphmend.compile sets it around each call, plain torch.compile needs it set"
+            )
+    finally:
+        mending.undo()
+    return result
+
+
+def file_change(path: str, patches: list[Any], root: str) -> FileChange:
+    """The new text of ``path`` with every patch's function rewritten in place."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+        text = raw.decode(encoding)
+        tree = ast.parse(text)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
+        raise Decline(f"the file does not decode or parse now: {exc}") from None
+    lines = split_lines(text)
+    comments = _comments(text)
+    edits: list[_Edit] = []
+    functions: list[str] = []
+    expected: list[tuple[tuple[str, ...], ast.AST]] = []
+    for patch in patches:
+        original = _def_at(tree, patch.original_code)
+        if original is None:
+            raise Decline(f"no def of {patch.original_code.co_name} at line {patch.original_code.co_firstlineno}")
+        new = _renamed(patch.node)
+        if _signature(original) != _signature(new):
+            raise Decline(f"{original.name}: the rewrite changed the def line itself")
+        unit = _indent_unit(lines, original)
+        try:
+            _diff_body(original.body, new.body, lines, edits, unit, comments)
+        except _Coarse as exc:
+            raise Decline(f"{original.name}: {exc}") from None
+        functions.append(getattr(patch.original_code, "co_qualname", original.name))
+        expected.append((_path_of(tree, original), new))
+    _check_disjoint(edits)
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        lines[edit.start - 1 : edit.end] = edit.text
+    new_text = "".join(lines)
+    if any(_uses_alias(node) for _, node in expected):
+        new_text = _add_import(new_text, tree)
+    new_text = _renumber_sites(new_text)
+    _check_written(new_text, expected)
+    kind, package, display = classify(path, root)
+    return FileChange(path, display, kind, package, encoding, text, new_text, functions)
+
+
+def classify(path: str, root: str) -> tuple[str, str | None, str]:
+    """("project" | "package", package name, path shown in the diff)."""
+    real = os.path.realpath(path)
+    norm = real.replace(os.sep, "/")
+    base = os.path.realpath(root)
+    inside = real.startswith(base + os.sep)
+    if inside and "/site-packages/" not in norm and "/dist-packages/" not in norm:
+        return "project", None, os.path.relpath(real, base).replace(os.sep, "/")
+    top = os.path.dirname(real)
+    if not os.path.exists(os.path.join(top, "__init__.py")):  # a top-level module
+        return "package", os.path.splitext(os.path.basename(real))[0], os.path.basename(real)
+    while os.path.exists(os.path.join(os.path.dirname(top), "__init__.py")):
+        top = os.path.dirname(top)
+    return "package", os.path.basename(top), os.path.relpath(real, os.path.dirname(top)).replace(os.sep, "/")
+
+
+# --------------------------------------------------------------------------
+# aligning the mended body with the original
+
+
+class _Coarse(Exception):
+    """This block cannot be edited alone; the caller replaces the enclosing statement."""
+
+
+@dataclass
+class _Edit:
+    start: int  # first line replaced (1-based); for an insertion, the line it goes before
+    end: int  # last line replaced; start - 1 for an insertion
+    text: list[str]  # the new lines, with line endings
+
+
+def _key(node: ast.AST) -> str:
+    return ast.dump(node)
+
+
+def _header(node: ast.stmt) -> str:
+    """The statement with its bodies emptied: equal headers can be descended into."""
+    shell = copy.copy(node)
+    for name in _BODY_FIELDS:
+        if hasattr(shell, name):
+            setattr(shell, name, [])
+    if hasattr(shell, "handlers"):
+        shell.handlers = [_header(h) for h in node.handlers]  # type: ignore[attr-defined]
+    return ast.dump(shell) if not isinstance(shell, str) else shell
+
+
+def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
+    blocks = [getattr(node, name) for name in _BODY_FIELDS if hasattr(node, name)]
+    blocks += [h.body for h in getattr(node, "handlers", []) or []]
+    return blocks
+
+
+def _diff_body(
+    a: list[ast.stmt], b: list[ast.stmt], lines: list[str], edits: list[_Edit], unit: str, comments: dict[int, str],
+    elif_block: bool = False,
+) -> None:
+    matcher = difflib.SequenceMatcher(None, [_key(s) for s in a], [_key(s) for s in b], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "replace" and i2 - i1 == j2 - j1 and all(_descendable(a[i], b[j1 + i - i1]) for i in range(i1, i2)):
+            for i in range(i1, i2):
+                _descend(a[i], b[j1 + i - i1], lines, edits, unit, comments)
+            continue
+        if elif_block:
+            raise _Coarse("an elif clause changed")
+        if tag == "insert":
+            anchor = a[i1] if i1 < len(a) else a[-1]
+            at = _start(anchor) if i1 < len(a) else anchor.end_lineno + 1
+            edits.append(_Edit(at, at - 1, _render(b[j1:j2], _indent_of(lines, anchor), unit, _newline(lines, anchor))))
+            continue
+        first, last = a[i1], a[i2 - 1]
+        start, end = _start(first), last.end_lineno or last.lineno
+        _check_alone(lines, first, last)
+        kept = [comments[n] for n in range(start, end + 1) if n in comments]
+        indent = _indent_of(lines, first)
+        newline = _newline(lines, first)
+        text = [indent + c + newline for c in kept] + _render(b[j1:j2], indent, unit, newline)
+        edits.append(_Edit(start, end, text))
+
+
+def _descendable(x: ast.stmt, y: ast.stmt) -> bool:
+    if type(x) is not type(y) or not _blocks(x) or _header(x) != _header(y):
+        return False
+    return all(bool(p) == bool(q) for p, q in zip(_blocks(x), _blocks(y)))
+
+
+def _descend(x: ast.stmt, y: ast.stmt, lines: list[str], edits: list[_Edit], unit: str, comments: dict[int, str]) -> None:
+    for p, q in zip(_blocks(x), _blocks(y)):
+        elif_block = (
+            isinstance(x, ast.If) and p is x.orelse and len(p) == 1 and isinstance(p[0], ast.If)
+            and lines[p[0].lineno - 1].lstrip().startswith("elif")
+        )
+        if p:
+            _diff_body(p, q, lines, edits, unit, comments, elif_block=elif_block)
+
+
+def _start(node: ast.stmt) -> int:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return node.lineno
+
+
+def _check_alone(lines: list[str], first: ast.stmt, last: ast.stmt) -> None:
+    """The statements own their lines: nothing but indentation before, a comment after."""
+    head = lines[_start(first) - 1].encode("utf-8")[: first.col_offset]
+    tail = lines[(last.end_lineno or last.lineno) - 1].encode("utf-8")[last.end_col_offset or 0 :]
+    if head.strip() or (tail.strip() and not tail.strip().startswith(b"#")):
+        raise _Coarse("a rewritten statement shares its line with another statement")
+
+
+def _indent_of(lines: list[str], node: ast.stmt) -> str:
+    line = lines[_start(node) - 1]
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _newline(lines: list[str], node: ast.stmt) -> str:
+    line = lines[_start(node) - 1]
+    stripped = line.rstrip("\r\n")
+    return line[len(stripped) :] or "\n"
+
+
+def _indent_unit(lines: list[str], fdef: ast.AST) -> str:
+    """The file's indentation step, read from the function: tab or N spaces."""
+    outer = _indent_of(lines, fdef)  # type: ignore[arg-type]
+    inner = _indent_of(lines, fdef.body[0])  # type: ignore[attr-defined]
+    step = inner[len(outer) :] if inner.startswith(outer) else ""
+    return step or "    "
+
+
+_WIDTH = 100  # a replacement line longer than this has its call's arguments one per line
+
+
+def _render(stmts: list[ast.stmt], indent: str, unit: str, newline: str) -> list[str]:
+    out: list[str] = []
+    for stmt in stmts:
+        out.extend(indent + line + newline for line in _stmt_lines(stmt, unit, len(indent)))
+    return out
+
+
+def _stmt_lines(stmt: ast.stmt, unit: str, column: int) -> list[str]:
+    """``stmt`` as source lines relative to its own indentation; long calls wrapped."""
+    if isinstance(stmt, ast.If):
+        lines = [f"if {ast.unparse(stmt.test)}:"] + _block(stmt.body, unit, column)
+        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
+            lines += ["el" + line if i == 0 else line for i, line in enumerate(_stmt_lines(stmt.orelse[0], unit, column))]
+        elif stmt.orelse:
+            lines += ["else:"] + _block(stmt.orelse, unit, column)
+        return lines
+    text = ast.unparse(stmt)
+    if "\n" in text or column + len(text) <= _WIDTH:
+        return text.split("\n")
+    value = getattr(stmt, "value", None)
+    if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) and isinstance(value, ast.Call):
+        args = [ast.unparse(a) for a in value.args] + [
+            f"{k.arg}={ast.unparse(k.value)}" if k.arg else f"**{ast.unparse(k.value)}" for k in value.keywords
+        ]
+        head = text[: len(text) - len(ast.unparse(value))] + ast.unparse(value.func) + "("
+        if args and all("\n" not in a for a in args):
+            return [head] + [unit + a + "," for a in args] + [")"]
+    return [text]
+
+
+def _block(stmts: list[ast.stmt], unit: str, column: int) -> list[str]:
+    return [unit + line for stmt in stmts for line in _stmt_lines(stmt, unit, column + len(unit))]
+
+
+def _check_disjoint(edits: list[_Edit]) -> None:
+    ordered = sorted(edits, key=lambda e: (e.start, e.end))
+    for x, y in zip(ordered, ordered[1:]):
+        if y.start <= x.end:
+            raise Decline("internal: two rewrites overlap in the file")
+
+
+# --------------------------------------------------------------------------
+# the file around the functions
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their own endings (\\n, \\r\\n or \\r), as Python counts them."""
+    return io.StringIO(text, newline="").readlines()
+
+
+def _comments(text: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text, newline="").readline):
+            if tok.type == tokenize.COMMENT:
+                found[tok.start[0]] = tok.string
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return found
+
+
+def _def_at(tree: ast.Module, code: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            if first_line(node) == code.co_firstlineno:
+                return node
+    return None
+
+
+def _path_of(tree: ast.Module, target: ast.AST) -> tuple[str, ...]:
+    """Names of the defs and classes enclosing ``target``, and the index among same-named ones."""
+
+    def walk(body: list[ast.stmt], prefix: tuple[str, ...]) -> tuple[str, ...] | None:
+        for node in body:
+            if node is target:
+                return prefix + (node.name,)  # type: ignore[attr-defined]
+            inner = prefix + (node.name,) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else prefix
+            for block in _blocks(node):
+                found = walk(block, inner)
+                if found is not None:
+                    return found
+        return None
+
+    return walk(tree.body, ()) or ()
+
+
+def _defs_by_path(tree: ast.Module) -> dict[tuple[str, ...], list[ast.AST]]:
+    found: dict[tuple[str, ...], list[ast.AST]] = {}
+
+    def walk(body: list[ast.stmt], prefix: tuple[str, ...]) -> None:
+        for node in body:
+            inner = prefix
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = prefix + (node.name,)
+                if not isinstance(node, ast.ClassDef):
+                    found.setdefault(inner, []).append(node)
+            for block in _blocks(node):
+                walk(block, inner)
+
+    walk(tree.body, ())
+    return found
+
+
+def _signature(node: ast.AST) -> str:
+    shell = copy.copy(node)
+    shell.body = []  # type: ignore[attr-defined]
+    return ast.dump(shell)
+
+
+def _renamed(node: ast.AST) -> ast.AST:
+    """A copy with the runtime's in-memory name replaced by the written import's alias."""
+    node = copy.deepcopy(node)
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id == RUNTIME_NAME:
+            sub.id = RUNTIME_ALIAS
+    return node
+
+
+def _uses_alias(node: ast.AST) -> bool:
+    return any(isinstance(s, ast.Name) and s.id == RUNTIME_ALIAS for s in ast.walk(node))
+
+
+def _add_import(text: str, tree: ast.Module) -> str:
+    """``import graphmend.runtime as graphmend_rt`` after the file's leading imports."""
+    for node in tree.body:
+        if isinstance(node, ast.Import) and any(
+            a.name == "graphmend.runtime" and a.asname == RUNTIME_ALIAS for a in node.names
+        ):
+            return text
+    if any(isinstance(n, ast.Name) and n.id == RUNTIME_ALIAS for n in ast.walk(tree)) or any(
+        isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.alias)) and RUNTIME_ALIAS in (getattr(n, "name", None), getattr(n, "asname", None))
+        for n in ast.walk(tree)
+    ):
+        raise Decline(f"the module already uses the name {RUNTIME_ALIAS}")
+    body = tree.body
+    index = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        index = 1  # the docstring
+    after = None
+    while index < len(body) and isinstance(body[index], (ast.Import, ast.ImportFrom)):
+        after = body[index]
+        index += 1
+    lines = split_lines(text)
+    if after is None and index == 0:
+        at = 0
+    else:
+        anchor = after if after is not None else body[0]
+        at = anchor.end_lineno or anchor.lineno
+        _check_alone(lines, anchor, anchor)
+    newline = next((l[len(l.rstrip("\r\n")) :] for l in lines if l.endswith(("\n", "\r"))), "\n")
+    if at and at == len(lines) and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += newline
+    lines[at:at] = [IMPORT_LINE + newline]
+    return "".join(lines)
+
+
+def _site_calls(tree: ast.AST) -> list[ast.Call]:
+    out = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == RUNTIME_ALIAS
+            and node.func.attr in _SITE_CALLS
+            and node.args
+            and isinstance(node.args[0], ast.Tuple)
+            and len(node.args[0].elts) == 3
+            and isinstance(node.args[0].elts[1], ast.Constant)
+            and type(node.args[0].elts[1].value) is int
+        ):
+            out.append(node)
+    return out
+
+
+def _renumber_sites(text: str) -> str:
+    """Log records and warnings of a written site report the line the call now stands on."""
+    tree = ast.parse(text)
+    lines = split_lines(text)
+    fixes: dict[int, list[tuple[int, int, str]]] = {}
+    for call in _site_calls(tree):
+        const = call.args[0].elts[1]  # type: ignore[attr-defined]
+        if const.value != call.lineno:
+            fixes.setdefault(const.lineno, []).append((const.col_offset, const.end_col_offset, str(call.lineno)))
+    for number, spans in fixes.items():
+        raw = lines[number - 1].encode("utf-8")
+        for start, end, value in sorted(spans, reverse=True):
+            raw = raw[:start] + value.encode() + raw[end:]
+        lines[number - 1] = raw.decode("utf-8")
+    return "".join(lines)
+
+
+def _normalised(node: ast.AST) -> str:
+    node = copy.deepcopy(node)
+    for call in _site_calls(node):
+        call.args[0].elts[1].value = 0  # type: ignore[attr-defined]
+    return ast.dump(node)
+
+
+def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]]) -> None:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise Decline(f"internal: the written file does not parse ({exc.msg} at line {exc.lineno})") from None
+    defs = _defs_by_path(tree)
+    for path, node in expected:
+        written = defs.get(path, [])
+        if not any(_normalised(w) == _normalised(node) for w in written):
+            raise Decline(f"internal: the written {'.'.join(path)} is not the verified rewrite")
+
+
+# --------------------------------------------------------------------------
+# output
+
+
+def unified_diff(old: str, new: str, display: str) -> str:
+    a, b = split_lines(old), split_lines(new)
+    out: list[str] = []
+    for line in difflib.unified_diff(a, b, f"a/{display}", f"b/{display}", n=3):
+        if line.startswith(("---", "+++")) and not line.endswith("\n"):
+            line += "\n"
+        if not line.endswith(("\n", "\r")):
+            line += "\n\\ No newline at end of file\n"
+        out.append(line)
+    return "".join(out)
+
+
+def git_dirty(path: str) -> bool | None:
+    """True when git has uncommitted changes to ``path``; None outside a git work tree."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        inside = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True, timeout=30
+        )
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        status = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--", os.path.abspath(path)],
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(status.stdout.strip())
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    mode = os.stat(path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=".graphmend-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _backup_path(path: str) -> str:
+    candidate, n = path + ".graphmend-backup", 0
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}.graphmend-backup.{n}"
+    return candidate
+
+
+def write_changes(report: FixReport, *, force: bool = False) -> None:
+    """``--write``: the project's files, each atomically; refuses dirty files in git unless forced."""
+    project = [c for c in report.changes if c.kind == "project"]
+    refused = [c.display for c in project if git_dirty(c.path) and not force]
+    if refused:
+        raise GraphmendError(
+            f"not writing {', '.join(refused)}: uncommitted changes in git (commit or stash them, or pass --force)"
+        )
+    for change in project:
+        data = change.new.encode(change.encoding)
+        with open(change.path, "rb") as fh:
+            current = fh.read()
+        if current.decode(change.encoding) != change.old:
+            raise GraphmendError(f"not writing {change.display}: it changed on disk while graphmend ran")
+        if git_dirty(change.path) is not False:  # outside git, or forced: keep the original beside it
+            backup = _backup_path(change.path)
+            with open(backup, "wb") as fh:
+                fh.write(current)
+            report.backups.append(backup)
+        write_atomically(change.path, data)
+        report.written.append(change.path)
+
+
+def write_patches(report: FixReport, patch_dir: str) -> None:
+    """One ``<package>.patch`` per installed package with changes."""
+    by_package: dict[str, list[FileChange]] = {}
+    for change in report.changes:
+        if change.kind == "package":
+            by_package.setdefault(change.package or "package", []).append(change)
+    if not by_package:
+        return
+    os.makedirs(patch_dir, exist_ok=True)
+    for package, changes in sorted(by_package.items()):
+        path = os.path.join(patch_dir, f"{package}.patch")
+        with open(path, "wb") as fh:
+            for change in changes:
+                fh.write(change.diff().encode(change.encoding))
+        report.patches.append(path)
