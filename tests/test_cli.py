@@ -128,7 +128,7 @@ def test_mend_demo_json(capsys):
     graphmend.unmend()
     data = json.loads(out)
     status = {s["category"]: s["status"] for s in data["sites"] if s["category"] in ("DC", "TI")}
-    assert status == {"DC": "applied", "TI": "out of scope"}
+    assert status == {"DC": "applied", "TI": "declined"}
     assert all(s["status"] == "applied" for s in data["sites"] if s["category"] == "LC")
     assert data["verified"] is True and data["graphs_after"] < data["graphs_before"]
     assert code == 1  # breaks remain (the TI site)

@@ -21,8 +21,8 @@ CASES = [
     (P.Warns, "LC", "defer", "GB0007"),
     (P.Guard, "VG", "trap", "GB0170"),
     (P.AssertGuard, "VG", "trap", "GB0170"),
-    (P.Item, "TI", None, "GB0124"),
-    (P.Nonzero, "DO", None, "GB0036"),
+    (P.Item, "TI", "scalar", "GB0124"),
+    (P.Nonzero, "DO", "scalar", "GB0036"),
 ]
 
 
@@ -94,7 +94,7 @@ def test_demo_shows_every_category_it_was_built_for():
     assert "print(" in codes and "logger.warning(" in codes and "warnings.warn(" in codes
     assert by_cat["DC"][0].function == "forward" and "amax" in by_cat["DC"][0].code
     assert by_cat["VG"][0].rule == "trap" and by_cat["VG"][0].code.startswith("if (x.abs() > 1e4).any()")
-    assert by_cat["TI"][0].rule is None
+    assert by_cat["TI"][0].rule == "scalar"
     assert report.graphs == counting_graphs(model, args, kwargs)
 
 
