@@ -150,6 +150,38 @@ def test_item_operand_of_another_dtype_keeps_item_and_capture_takes_it():
     assert graphs == 1 and report.capture.flags == (SCALAR,)
 
 
+# -- a host count feeding a Python if ---------------------------------------------
+
+
+def test_count_in_if_becomes_a_tensor_test_that_where_predicates():
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(4, S.WIDTH, generator=gen)
+    inputs = [base.abs(), -base.abs(), base]  # more than half positive, none, about half
+    report, graphs = compile_and_check(S.CountGate(), inputs)
+    assert report.before.graphs == 2 and graphs == 1 and report.after.graphs == 1
+    by_rule = {o.rule: o for o in report.outcomes}
+    assert by_rule["scalar"].status == "applied" and "kept as the 0-dim integer tensor" in by_rule["scalar"].reason
+    assert by_rule["where"].status == "applied" and by_rule["where"].code.startswith("if active >")
+
+
+def test_count_as_slice_bound_declined_then_captured():
+    """No rewrite keeps the slice's shape, but capture_scalar_outputs traces it
+    (an unbacked size): kept, and the rule's reason stays in the notes."""
+    inputs = [S.item_inputs(seed=s) for s in (1, 2, 3)]
+    report, graphs = compile_and_check(S.CountSlices(), inputs)
+    assert report.before.graphs == 2 and graphs == 1 and report.capture.flags == (SCALAR,)
+    (ti,) = report.outcomes
+    assert ti.status == "applied" and ti.reason.startswith("removed by capture_scalar_outputs")
+    assert ti.notes == ["no source rewrite: `active` is used other than directly in an `if` comparison (line 198)"]
+
+
+def test_float_scalar_in_if_declined():
+    report = graphmend.mend(S.MeanGate(), S.item_inputs())
+    (ti,) = [o for o in report.outcomes if o.category == "TI"]
+    assert ti.status == "declined" and "`h.mean()` is not provably an integer count" in ti.reason
+    assert report.capture.flags == ()
+
+
 # -- capture decisions -------------------------------------------------------------
 
 

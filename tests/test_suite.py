@@ -14,10 +14,10 @@ def test_quick_suite_rows_totals_json_and_chart(tmp_path, capsys):
     rows = {r["row"]: r for r in data["rows"]}
     assert rows["biogpt"]["breaks_before"] == 2 and rows["biogpt"]["breaks_after"] == 0
     assert rows["biogpt"]["paper_before"] == 2 and rows["biogpt"]["rules"] == ["defer"]
-    assert rows["demo"]["breaks_after"] == 1 and rows["demo"]["remaining"] == ["TI"]
+    assert rows["demo"]["breaks_after"] == 0 and rows["demo"]["remaining"] == []
     totals = data["totals"]
-    assert totals["breaks_eliminated"] == totals["breaks_before"] - totals["breaks_after"] == 7
-    assert totals["rows_fully_fixed"] == 1 and totals["rows_failed"] == 0
+    assert totals["breaks_eliminated"] == totals["breaks_before"] - totals["breaks_after"] == 8
+    assert totals["rows_fully_fixed"] == 2 and totals["rows_failed"] == 0
     assert "totals: breaks 8 -> 1" in text
     png = tmp_path / "suite.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"

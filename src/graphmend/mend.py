@@ -473,7 +473,8 @@ def _credit_capture(
         old = outcomes.get(key)
         if old is not None and old.status == "applied":
             continue
-        outcomes[key] = _outcome(by_key[key], "applied", reason, CAPTURE_RULE)
+        notes = [f"no source rewrite: {old.reason}"] if old is not None and old.status == "declined" else []
+        outcomes[key] = _outcome(by_key[key], "applied", reason, CAPTURE_RULE, notes)
 
 
 def _bisect(

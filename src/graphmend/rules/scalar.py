@@ -138,6 +138,8 @@ class Scalar(Rule):
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if isinstance(stmt, ast.Assign) and _index_list(stmt.value, ctx) is not None:
             return _FullLoop(stmt, ctx).rewrite()
+        if isinstance(stmt, ast.Assign) and _host_read(stmt.value, ctx) is not None:
+            return _TensorTests(stmt, ctx).rewrite()
         items = _ItemOperands(ctx).find(stmt)
         if items:
             return items
@@ -562,6 +564,95 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
             if reason:
                 return reason
     return None
+
+
+# --------------------------------------------------------------------------
+# n = int(t.item()) used only in `if` tests
+
+
+def _host_read(node: ast.expr, ctx: RewriteContext) -> ast.expr | None:
+    """``t`` of ``int(t.item())`` or ``t.item()``."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "int"
+        and ctx.resolves_to("int", int)
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        node = node.args[0]
+    return node.func.value if _is_item(node) else None
+
+
+_HOST_INT_METHODS = frozenset({"numel", "dim", "size"})
+
+
+class _TensorTests:
+    """``n = int(c.sum().item())`` whose every use is ``if n <op> <host int>:``
+    -> ``n = c.sum()``: the tests become tensor tests that [Where] predicates."""
+
+    def __init__(self, stmt: ast.Assign, ctx: RewriteContext) -> None:
+        self.stmt, self.ctx = stmt, ctx
+
+    def rewrite(self) -> list[ast.stmt]:
+        stmt, ctx = self.stmt, self.ctx
+        tensor = _host_read(stmt.value, ctx)
+        if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+            raise Decline("the scalar is not assigned to one plain name")
+        name = stmt.targets[0].id
+        facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
+        if len(facts.assignments.get(name, [])) != 1:
+            raise Decline(f"`{name}` is assigned more than once")
+        if not self._integer_count(tensor):
+            raise Decline(
+                f"`{ast.unparse(tensor)}` is not provably an integer count (a comparison's .sum() or count_nonzero), "
+                "so comparing the tensor could differ from comparing the Python number"
+            )
+        parents = {id(child): node for node in ast.walk(ctx.fdef) for child in ast.iter_child_nodes(node)}
+        uses = [n for n in ast.walk(ctx.fdef) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        if not uses:
+            raise Decline(f"`{name}` is never used")
+        for use in uses:
+            compare = parents.get(id(use))
+            owner = parents.get(id(compare))
+            if not (isinstance(compare, ast.Compare) and isinstance(owner, ast.If) and owner.test is compare):
+                raise Decline(f"`{name}` is used other than directly in an `if` comparison (line {use.lineno})")
+            for operand in [compare.left, *compare.comparators]:
+                if operand is not use and not self._host_int(operand):
+                    raise Decline(f"`{ast.unparse(operand)}` is not provably a Python int (line {use.lineno})")
+        ctx.notes.append(
+            f"`{name}` kept as the 0-dim integer tensor `{ast.unparse(tensor)}`; its only uses are `if` "
+            "comparisons with Python ints, now tensor tests for [Where]"
+        )
+        new = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=copy.deepcopy(tensor))
+        return _place([new], stmt)
+
+    def _integer_count(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args and not node.keywords:
+            if node.func.attr == "sum":
+                return isinstance(node.func.value, ast.Compare)
+            if node.func.attr == "count_nonzero":
+                return self.ctx.value_of(node.func.value) is None  # a tensor method, not torch.count_nonzero
+        if isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords:
+            fn = self.ctx.value_of(node.func)
+            return fn is torch.count_nonzero or (fn is torch.sum and isinstance(node.args[0], ast.Compare))
+        return False
+
+    def _host_int(self, node: ast.expr) -> bool:
+        """Constants, ``t.numel()`` / ``t.dim()`` / ``t.size(i)``, ``t.shape[i]``, ``len(x)`` and int arithmetic on them."""
+        if isinstance(node, ast.Constant):
+            return type(node.value) is int
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            return self._host_int(node.left) and self._host_int(node.right)
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+            return isinstance(node.slice, ast.Constant) and type(node.slice.value) is int
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _HOST_INT_METHODS:
+            if node.func.attr == "size" and not (len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
+                return False
+            return self.ctx.value_of(node.func.value) is None and not node.keywords
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
+            return self.ctx.resolves_to("len", len)
+        return False
 
 
 # --------------------------------------------------------------------------
