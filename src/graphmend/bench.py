@@ -357,7 +357,6 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch._dynamo.utils as dynamo_utils
 
-    from . import runtime
     from .targets import load_target
     from .verify import quiet
 
@@ -400,7 +399,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             report = graphmend.mend(model, *args, **kwargs)
         result["applied_sites"] = len(report.applied)
         result["fixable_sites"] = len(report.before.fixable)
-        region = runtime.region
+        region = report.region  # the deferral region and the capture flags the mending kept
     graphs: list[int] = []
 
     if spec["backend"] == "inductor":
