@@ -1,0 +1,117 @@
+"""Whether a site's rewrite is safe to apply without a run.
+
+The answer comes from the rule itself: the linter hands the statement to the
+same [Where] / [Defer] / [Trap] rule that ``graphmend mend`` uses, with the
+module's static namespace (``scope.static_namespace``) and no live model. A
+rule that declines gives the reason shown after ``needs a run:``; anything it
+could only prove with the live model (which modules ``self.layer`` holds, a
+function imported from another package) is a decline here. On top of the
+rule's own proof:
+
+* [Defer]: the arguments must not be changed in place later in the function
+  (``h.add_(...)``, ``h[i] = ...``, ``h += ...``): the deferred call would
+  otherwise have to rely on its snapshot;
+* [Trap]: a call after the check of a function imported from another module
+  is a possible state change the linter cannot read.
+
+What the static view cannot see: the code that runs in a *caller* after the
+function returns (``mend`` scans those frames on the live model). A [Trap]
+site marked safe is safe within its own function.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ..analysis import _path_to
+from ..rules import Decline, RewriteContext
+from ..rules.defer import Defer
+from ..rules.trap import _MUTATING_METHODS, Trap, _root
+from ..rules.where import Where
+from .scope import ModuleScope
+
+_RULES = {"where": Where(), "defer": Defer(), "trap": Trap()}
+
+
+def judge(rule: str, stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope) -> str | None:
+    """None when ``rule`` rewrites ``stmt`` with a static proof, else why not."""
+    ctx = RewriteContext.for_function(fdef, scope.namespace, scope.path)
+    try:
+        _RULES[rule].rewrite(stmt, ctx)
+    except Decline as exc:
+        return exc.reason
+    except Exception as exc:  # a rule that cannot run on static facts is no proof
+        return f"the rule could not decide from source ({type(exc).__name__})"
+    if rule == "defer":
+        return _changed_after(stmt, fdef)
+    if rule == "trap":
+        return _imported_call_after(stmt, fdef, scope, ctx.local_names)
+    return None
+
+
+def continuation(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -> list[ast.stmt]:
+    """The statements of ``fdef`` that can run after ``stmt``: those after it in
+    its block and every enclosing block, and the whole body of an enclosing
+    loop (its next iterations)."""
+    path = _path_to(fdef.body, stmt) or []
+    after: list[ast.stmt] = []
+    for block, index in path:
+        after.extend(block[index + 1 :])
+        if isinstance(block[index], (ast.For, ast.AsyncFor, ast.While)):
+            after.extend(block[index].body)
+    return after
+
+
+def _changed_after(stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    call = stmt.value  # type: ignore[attr-defined]
+    shown = {
+        n.id
+        for arg in [*call.args, *(k.value for k in call.keywords)]
+        for n in ast.walk(arg)
+        if isinstance(n, ast.Name)
+    }
+    for later in continuation(fdef, stmt):
+        for node in ast.walk(later):
+            changed = _in_place_change(node)
+            if changed is not None and changed[0] in shown:
+                return f"`{changed[0]}` is changed in place after the call ({changed[1]}, line {node.lineno})"
+    return None
+
+
+def _in_place_change(node: ast.AST) -> tuple[str, str] | None:
+    """(name, how) when ``node`` changes the object a name holds."""
+    if isinstance(node, ast.AugAssign):
+        root = _root(node.target)
+        return (root, f"`{ast.unparse(node.target)} {_OPS.get(type(node.op), '?')}= ...`") if root else None
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            for sub in ast.walk(target):
+                if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
+                    root = _root(sub)
+                    if root:
+                        return root, f"`{ast.unparse(sub)} = ...`"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        attr = node.func.attr
+        if (attr.endswith("_") and not attr.endswith("__")) or attr in _MUTATING_METHODS:
+            root = _root(node.func.value)
+            return (root, f"`.{attr}(...)`") if root else None
+    return None
+
+
+_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**",
+        ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
+
+
+def _imported_call_after(
+    stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope, local: set[str]
+) -> str | None:
+    for later in continuation(fdef, stmt):
+        for node in ast.walk(later):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                name = node.func.id
+                if name not in local and scope.is_imported(name):
+                    return (
+                        f"`{name}(...)` runs after the check (line {node.lineno}), imported from "
+                        f"{scope.imported_from[name]}: its effects are not read from source"
+                    )
+    return None
