@@ -107,6 +107,26 @@ def test_routing_loop_declines_with_reason(cls, reason):
         assert bits_equal(reference(x), model(x))
 
 
+def test_loop_rewrite_reverted_when_no_capture_helps(monkeypatch):
+    """Without capture the full loop recompiles more than the original: undone."""
+    import graphmend.capture
+
+    monkeypatch.setattr(graphmend.capture, "candidates", lambda categories: [])
+    model = S.MoE()
+    reference = copy.deepcopy(model)
+    x = S.moe_inputs()
+    report = graphmend.mend(model, x)
+    (ti,) = [o for o in report.outcomes if o.category == "TI"]
+    assert ti.status == "reverted"
+    assert ti.reason == (
+        "with this rewrite and no capture setting that helps, the program got worse (graphs 3 -> 3, recompiles 1 -> 2)"
+    )
+    assert (report.after.graphs, report.after.recompiles) == (report.before.graphs, report.before.recompiles)
+    assert "_gm_hit0" not in S.MoE.forward.__code__.co_varnames  # the original code is back
+    with torch.no_grad():
+        assert bits_equal(reference(x), model(x))
+
+
 def test_capture_is_what_makes_the_rewritten_loop_one_graph():
     """The same mended code under plain torch.compile (no capture flags) still breaks."""
     model = S.MoE()

@@ -438,9 +438,8 @@ def _revert_rule(
     if not doomed:
         return False
     reason = (
-        f"reverted: with this rewrite the program got worse (graphs {before.graphs} -> {after.graphs}, "
-        f"recompiles {before.recompiles} -> {after.recompiles}, abandoned frames {before.frames_skipped} -> "
-        f"{after.frames_skipped})"
+        f"with this rewrite and no capture setting that helps, the program got worse (graphs {before.graphs} -> "
+        f"{after.graphs}, recompiles {before.recompiles} -> {after.recompiles})"
     )
     kept: list[engine.Patch] = []
     new_groups: dict[int, list[tuple[str, int]]] = {}
