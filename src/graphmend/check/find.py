@@ -155,17 +155,18 @@ class _FunctionScan:
 
     def findings(self, reached: bool) -> list[Finding]:
         """The findings, judged; [Defer] sites only when forward reaches the function."""
-        return [self._finding(*item) for item in self.found if reached or CODES[item[0]][0] != "defer"]
-
-    def _finding(self, code: str, node: ast.AST, stmt: ast.stmt, message: str) -> Finding:
-        finding = Finding(self.scope.path, node.lineno, self._col(node), code, message, self.qualname)
-        rule = CODES[code][0]
-        if code == "GM103":
-            finding.why = "[Where] rewrites `if` statements; a conditional expression is left as it is"
-        elif rule is not None:
-            finding.why = safety.judge(rule, stmt, self.fdef, self.scope)
-            finding.safe = finding.why is None
-        return finding
+        found = [item for item in self.found if reached or CODES[item[0]][0] != "defer"]
+        out = [Finding(self.scope.path, node.lineno, self._col(node), code, message, self.qualname)
+               for code, node, _, message in found]
+        judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code != "GM103"]
+        for finding in out:
+            if finding.code == "GM103":
+                finding.why = "[Where] rewrites `if` statements; a conditional expression is left as it is"
+        if judged:
+            verdicts = safety.judge(self.fdef, [(stmt, f.rule) for f, stmt in judged], self.scope)
+            for (finding, _), why in zip(judged, verdicts):
+                finding.safe, finding.why = why is None, why
+        return out
 
     def _col(self, node: ast.AST) -> int:
         line = self.lines[node.lineno - 1] if node.lineno <= len(self.lines) else b""

@@ -1,9 +1,10 @@
 """Whether a site's rewrite is safe to apply without a run.
 
-The answer comes from the rule itself: the linter hands the statement to the
-same [Where] / [Defer] / [Trap] rule that ``graphmend mend`` uses, with the
-module's static namespace (``scope.static_namespace``) and no live model. A
-rule that declines gives the reason shown after ``needs a run:``; anything it
+The answer comes from the rules themselves: the sites of one function are
+handed to the engine's ``rewrite`` (the same call ``graphmend mend`` makes,
+bottom-up, one shared context) on a copy of the function, with the module's
+static namespace (``scope.ModuleScope``) and no live model. A rule that
+declines gives the reason shown after ``needs a run:``; whatever a rule
 could only prove with the live model (which modules ``self.layer`` holds, a
 function imported from another package) is a decline here. On top of the
 rule's own proof:
@@ -22,31 +23,33 @@ site marked safe is safe within its own function.
 from __future__ import annotations
 
 import ast
+import copy
 
 from ..analysis import _path_to
-from ..rules import Decline, RewriteContext
-from ..rules.defer import Defer
-from ..rules.trap import _MUTATING_METHODS, Trap, _root
-from ..rules.where import Where
+from ..engine import Located, SiteRewrite, rewrite
+from ..rules import bound_names, load_rules
+from ..rules.trap import _MUTATING_METHODS, _root
 from .scope import ModuleScope
 
-_RULES = {"where": Where(), "defer": Defer(), "trap": Trap()}
 
-
-def judge(rule: str, stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope) -> str | None:
-    """None when ``rule`` rewrites ``stmt`` with a static proof, else why not."""
-    ctx = RewriteContext.for_function(fdef, scope.namespace, scope.path)
-    try:
-        _RULES[rule].rewrite(stmt, ctx)
-    except Decline as exc:
-        return exc.reason
-    except Exception as exc:  # a rule that cannot run on static facts is no proof
-        return f"the rule could not decide from source ({type(exc).__name__})"
-    if rule == "defer":
-        return _changed_after(stmt, fdef)
-    if rule == "trap":
-        return _imported_call_after(stmt, fdef, scope, ctx.local_names)
-    return None
+def judge(
+    fdef: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[tuple[ast.stmt, str]], scope: ModuleScope
+) -> list[str | None]:
+    """For each (statement, rule) of one function: None when the rule rewrites
+    it with a static proof, else why not."""
+    rules = load_rules()
+    located = Located(functions=[], code=None, node=copy.deepcopy(fdef), filename=scope.path, namespace=scope.namespace)  # type: ignore[arg-type]
+    rewrites = [SiteRewrite(line=stmt.lineno, rule=rules[rule]) for stmt, rule in sites]
+    rewrite(located, rewrites)
+    out: list[str | None] = []
+    for (stmt, rule), site in zip(sites, rewrites):
+        why = None if site.ok else site.reason
+        if why is None and rule == "defer":
+            why = _changed_after(stmt, fdef)
+        elif why is None and rule == "trap":
+            why = _imported_call_after(stmt, fdef, scope, bound_names(fdef))
+        out.append(why)
+    return out
 
 
 def continuation(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -> list[ast.stmt]:

@@ -5,7 +5,10 @@
   stdlib ``logging``) bind the real, already imported modules, so the shared
   analysis (``FunctionFacts``, the rules) sees ``torch`` exactly as it would
   on the live module. A module-level ``def`` binds a :class:`SourceFunction`
-  that the [Trap] continuation scan can read the body of. Every other name
+  that the [Trap] continuation scan can read the body of. A module-level
+  ``logger = <...>.getLogger(...)`` / ``get_logger(...)`` binds a stand-in
+  ``logging.Logger`` (transformers' ``logging.get_logger`` returns one), so
+  [Defer] knows a logger call from any other method call. Every other name
   (classes, constants, anything imported from another package) binds
   :data:`UNKNOWN`, which nothing treats as proven.
 * ``module_classes``: the ``nn.Module`` subclasses defined in the file.
@@ -16,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 import sys
 from dataclasses import dataclass, field
 
@@ -99,6 +103,9 @@ class ModuleScope:
             for target in _assigned(stmt):
                 ns[target] = UNKNOWN
                 self.imported_from.pop(target, None)
+            if _is_logger_assignment(stmt):
+                name = stmt.targets[0].id  # type: ignore[attr-defined]
+                ns[name] = logging.Logger(f"graphmend check stand-in for {name}")  # not registered anywhere
 
     def is_imported(self, name: str) -> bool:
         """A global imported from a module whose code the linter does not read."""
@@ -106,8 +113,20 @@ class ModuleScope:
 
 
 def _module_name(path: str) -> str:
-    stem = path.replace("\\", "/").rsplit("/", 1)[-1]
-    return stem[:-3] if stem.endswith(".py") else stem
+    """Not the module's real name: sites a rule registers while the linter
+    tries it must never match those of an imported module."""
+    return f"<graphmend check {path}>"
+
+
+def _is_logger_assignment(stmt: ast.stmt) -> bool:
+    """``logger = logging.getLogger(...)`` / ``logging.get_logger(...)`` (transformers)."""
+    return (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Name)
+        and isinstance(stmt.value, ast.Call)
+        and (dotted_name(stmt.value.func) or "").rsplit(".", 1)[-1] in ("getLogger", "get_logger")
+    )
 
 
 def _module_level(body: list[ast.stmt]):

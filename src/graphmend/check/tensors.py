@@ -12,7 +12,10 @@ only gives it more proven names (``FunctionFacts.tensor_params``):
   modules have too), or is the first argument of a torch function that
   rejects anything else (``torch.isinf(x)``). A parameter also tested with
   ``isinstance`` / ``torch.is_tensor`` / ``type`` is never inferred: the
-  function expects other types too;
+  function expects other types too. A parameter whose default is a constant
+  other than ``None`` (``= False``, ``= 1``) is never a tensor, and an
+  annotated one that the function tests as a bare truth value (``if
+  output_attentions:``) is taken for the flag it is, not for its annotation;
 * a local every assignment of which is a tensor expression (a parameter
   counts only when proven as above).
 
@@ -74,19 +77,39 @@ def tensor_facts(fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict) 
     """``FunctionFacts`` whose ``tensor_params`` holds every provably-tensor name."""
     facts = FunctionFacts.of(fdef, namespace, bound_names(fdef))
     params = _param_names(fdef)
-    proven = set(facts.tensor_params) | _optional_tensor_params(fdef, facts) | _used_as_tensors(fdef, params, facts)
-    # Grow from the proven parameters: a name joins when all its assignments are tensors.
-    known = {name for name in proven if name not in facts.assignments}
+    used, type_tested, truth_tested = _param_uses(fdef, facts)
+    annotated = (set(facts.tensor_params) | _optional_tensor_params(fdef, facts)) - truth_tested
+    proven = ((used & params) | annotated) - type_tested - _constant_defaults(fdef)
+    for name in params - proven:
+        # A parameter is whatever the caller passes: one later assignment of a
+        # tensor must not make it a tensor everywhere (is_tensor_expr trusts a
+        # name assigned exactly once).
+        facts.assignments.setdefault(name, []).insert(0, ast.Constant(None))
+    # The largest set of names such that, if they all hold tensors, every
+    # assignment to them stores a tensor (``h = h * 2`` keeps a tensor a
+    # tensor): start from every candidate and drop names until none fails.
+    # Proven parameters hold tensors on entry and locals start unbound, so each
+    # name of the set holds a tensor whenever it is read.
+    known = {n for n in facts.assignments if n not in params or n in proven} | proven
     facts.tensor_params = known
-    candidates = [n for n in facts.assignments if n not in params or n in proven]
     changed = True
     while changed:
         changed = False
-        for name in candidates:
-            if name not in known and all(is_tensor_expr(v, facts) for v in facts.assignments[name]):
-                known.add(name)
+        for name in list(known):
+            if not all(is_tensor_expr(v, facts) for v in facts.assignments.get(name, [])):
+                known.discard(name)
                 changed = True
     return facts
+
+
+def _constant_defaults(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Parameters whose default is a constant other than None (``output_attentions:
+    Optional[torch.Tensor] = False`` is a flag, whatever the annotation says)."""
+    args = fdef.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    return {a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is not None}
 
 
 def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -131,22 +154,36 @@ def _optional_tensor_params(fdef: ast.FunctionDef | ast.AsyncFunctionDef, facts:
     return {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if _optional_tensor(a.annotation, facts)}
 
 
-def _used_as_tensors(fdef: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str], facts: FunctionFacts) -> set[str]:
+def _param_uses(fdef: ast.FunctionDef | ast.AsyncFunctionDef, facts: FunctionFacts) -> tuple[set[str], set[str], set[str]]:
+    """(names used as tensors, names type-tested, names used as a bare truth value)."""
     used: set[str] = set()
     type_tested: set[str] = set()
+    truth_tested: set[str] = set()
     for node in ast.walk(fdef):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        first = node.args[0] if node.args else None
-        leaf = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if leaf in _TYPE_TESTS and isinstance(first, ast.Name):
-            type_tested.add(first.id)
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr in TENSOR_ONLY_METHODS:
-            used.add(func.value.id)
-        elif isinstance(first, ast.Name) and _is_torch_attr(func, facts) in TENSOR_FIRST_FUNCTIONS:
-            used.add(first.id)
-    return (used & params) - type_tested
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            truth_tested |= _bare_names(node.test)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            first = node.args[0] if node.args else None
+            leaf = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if leaf in _TYPE_TESTS and isinstance(first, ast.Name):
+                type_tested.add(first.id)
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr in TENSOR_ONLY_METHODS:
+                used.add(func.value.id)
+            elif isinstance(first, ast.Name) and _is_torch_attr(func, facts) in TENSOR_FIRST_FUNCTIONS:
+                used.add(first.id)
+    return used, type_tested, truth_tested
+
+
+def _bare_names(test: ast.expr) -> set[str]:
+    """Names a test reads the truth of directly: ``x``, ``not x``, ``x and y``."""
+    if isinstance(test, ast.Name):
+        return {test.id}
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _bare_names(test.operand)
+    if isinstance(test, ast.BoolOp):
+        return {n for v in test.values for n in _bare_names(v)}
+    return set()
 
 
 # --------------------------------------------------------------------------
