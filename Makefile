@@ -23,5 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default;
+# FUZZ_ARGS="--programs N --seed S" to change. Failing programs go to build/fuzz-failures/.
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz $(FUZZ_ARGS)
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -207,7 +207,7 @@ def test_mended_context_manager():
     model = E.Helper()
     original = (E.Helper.report.__code__, E.Ordered.forward.__code__)
     with graphmend.mended(model, *X) as report:
-        assert len(report.applied) == 8
+        assert len(report.applied) == 7  # the warn at line 46 is deferred with the print at 45 (same function)
     assert (E.Helper.report.__code__, E.Ordered.forward.__code__) == original
 
 

@@ -2,6 +2,7 @@
 program that shows it. Each test asserts the behaviour the original has."""
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -68,3 +69,39 @@ def test_trapped_check_wins_over_a_later_error_under_graphmend_compile():
     got = run(compiled, x)
     assert got.exception == expected.exception
     assert got.warnings == expected.warnings
+
+
+class EffectOnAnotherPath(nn.Module):
+    """Found by the fuzzer: only the first warning is on the example path, so
+    only it was deferred; on other inputs the second one was logged first."""
+
+    def forward(self, x):
+        if (x > 0).any():
+            LOGGER.warning("first %s", x)
+        if x.sum() > 0:
+            LOGGER.warning("second %s", x)
+        return x * 2
+
+
+LOGGER = logging.getLogger("graphmend.tests.fuzz_regressions")
+
+
+def test_an_effect_on_a_path_not_taken_keeps_its_order():
+    model = EffectOnAnotherPath()
+    mended = copy.deepcopy(model)
+    report = graphmend.mend(mended, torch.tensor([1.0, -5.0]))  # takes the first branch only
+    assert [(o.rule, o.status) for o in report.outcomes if o.rule == "defer"] == [("defer", "applied")]
+    x = torch.tensor([1.0, 2.0])  # takes both
+    expected = run(copy.deepcopy(model), x)
+    assert [r[-1].split()[0] for r in expected.records] == ["first", "second"]
+    got = run(lambda t: _in_region(mended, t), x)
+    assert got.records == expected.records
+    assert got.stderr == expected.stderr
+    compiled = torch.compile(copy.deepcopy(mended), backend="eager")
+    got = run(lambda t: _in_region(compiled, t), x)
+    assert got.records[0][-1] == expected.records[0][-1] and got.records[1][-1] == expected.records[1][-1]
+
+
+def _in_region(fn, *args):
+    with graphmend.runtime.region():
+        return fn(*args)

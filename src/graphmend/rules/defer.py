@@ -29,7 +29,13 @@ formatting needs host values (``.item()``, ``.tolist()``, ``int()``,
 call too, so the conversion leaves the graph. Outside a region the call
 happens at once, as before. A disabled logger level records nothing.
 
+Every other print / warn / logger statement of the same function is deferred
+with it (also those on paths the example inputs did not take): an effect left
+in place would happen before this one, which waits for the end of the call.
+
 ## When it declines
+- another print / warn / log statement of the function cannot be deferred,
+  or its receiver is not provably a logger (their order would change);
 - the call's value is used (not a statement), or the callee is not provably
   ``print`` / ``warnings.warn`` (shadowed names) or a logger method;
 - ``logger.exception`` (it reads the exception being handled at the call);
@@ -52,7 +58,7 @@ import ast
 import warnings
 
 from ..sites import LOG_METHODS
-from . import Decline, Rule, RewriteContext, register
+from . import RUNTIME_NAME, Decline, Rule, RewriteContext, register
 
 _CONVERSIONS_METHODS = {"item", "tolist"}
 _CONVERSION_BUILTINS = {"int": int, "float": float, "bool": bool}
@@ -65,8 +71,51 @@ class Defer(Rule):
     summary = "record print / logging / warnings in the graph, perform them after the compiled call"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
+        if _is_deferred(stmt):  # deferred already, with another site of this function
+            ctx.notes.append("deferred with the other effects of the function")
+            return [stmt]
+        new = self._defer(stmt, ctx)
+        # An effect left in place would now happen before this one, which waits
+        # for the end of the call: defer every effect of the function, or none.
+        others = []
+        for other in _effect_statements(ctx.fdef):
+            if other is stmt:
+                continue
+            first = ast.unparse(other).splitlines()[0]
+            if not self._is_known_effect(other.value, ctx):
+                raise Decline(
+                    f"`{first}` (line {other.lineno}) may be an effect that cannot be deferred; "
+                    "deferring this call could reorder their output"
+                )
+            try:
+                others.append((other, self._defer(other, ctx, note=False)))
+            except Decline as exc:
+                raise Decline(
+                    f"`{first}` (line {other.lineno}) cannot be deferred ({exc.reason}); "
+                    "deferring this call would reorder their output"
+                ) from None
+        for other, replacement in others:
+            other.value = replacement.value
+        if others:
+            lines = ", ".join(str(o.lineno) for o, _ in others)
+            ctx.notes.append(f"with the other effects of the function (line {lines}), to keep their order")
+        return [new]
+
+    def _is_known_effect(self, call: ast.Call, ctx: RewriteContext) -> bool:
+        """A print, warnings.warn, or a method call on a logger known now."""
+        import logging
+
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            return True
+        if ctx.value_of(func) is warnings.warn:
+            return True
+        return isinstance(func, ast.Attribute) and isinstance(ctx.value_of(func.value), logging.Logger)
+
+    def _defer(self, stmt: ast.stmt, ctx: RewriteContext, note: bool = True) -> ast.stmt:
         if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
             raise Decline("the side effect is not a call statement (its value is used)")
+        notes = ctx.notes if note else []
         call = stmt.value
         kind, receiver, method = self._classify(call, ctx)
         args = ast.Tuple(elts=[self._defer_format(a, ctx) for a in call.args], ctx=ast.Load())
@@ -77,10 +126,10 @@ class Defer(Rule):
         site = ctx.site(call)
         if kind == "print":
             new = ast.Call(func=ctx.runtime("print_"), args=[site, args, kwargs], keywords=[])
-            ctx.notes.append("print deferred")
+            notes.append("print deferred")
         elif kind == "warn":
             new = ast.Call(func=ctx.runtime("warn"), args=[site, args, kwargs], keywords=[])
-            ctx.notes.append("warnings.warn deferred")
+            notes.append("warnings.warn deferred")
         else:
             self._register_level(call, receiver, method, ctx)
             new = ast.Call(
@@ -88,8 +137,8 @@ class Defer(Rule):
                 args=[site, receiver, ast.Constant(method), args, kwargs],
                 keywords=[],
             )
-            ctx.notes.append(f"logger.{method} deferred")
-        return [ast.copy_location(ast.Expr(value=ast.copy_location(new, call)), stmt)]
+            notes.append(f"logger.{method} deferred")
+        return ast.copy_location(ast.Expr(value=ast.copy_location(new, call)), stmt)
 
     # -- matching -------------------------------------------------------------
 
@@ -238,3 +287,35 @@ class Defer(Rule):
         return ast.copy_location(
             ast.Call(func=ctx.runtime("lazy"), args=[ast.Constant(kind), value], keywords=[]), node
         )
+
+
+def _is_deferred(stmt: ast.stmt) -> bool:
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    func = stmt.value.func
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == RUNTIME_NAME
+        and func.attr in ("print_", "log", "warn")
+    )
+
+
+def _effect_statements(fdef: ast.AST) -> list[ast.Expr]:
+    """Call statements of the function (not of nested functions or classes)
+    that look like a print, a warnings.warn or a logger call."""
+    found: list[ast.Expr] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Expr) and isinstance(child.value, ast.Call) and not _is_deferred(child):
+                func = child.value.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                if name == "print" or name == "warn" or name in LOG_METHODS:
+                    found.append(child)
+            visit(child)
+
+    visit(fdef)
+    return found
