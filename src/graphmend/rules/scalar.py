@@ -603,11 +603,6 @@ class _TensorTests:
         facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
         if len(facts.assignments.get(name, [])) != 1:
             raise Decline(f"`{name}` is assigned more than once")
-        if not self._integer_count(tensor):
-            raise Decline(
-                f"`{ast.unparse(tensor)}` is not provably an integer count (a comparison's .sum() or count_nonzero), "
-                "so comparing the tensor could differ from comparing the Python number"
-            )
         parents = {id(child): node for node in ast.walk(ctx.fdef) for child in ast.iter_child_nodes(node)}
         uses = [n for n in ast.walk(ctx.fdef) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
         if not uses:
@@ -620,6 +615,11 @@ class _TensorTests:
             for operand in [compare.left, *compare.comparators]:
                 if operand is not use and not self._host_int(operand):
                     raise Decline(f"`{ast.unparse(operand)}` is not provably a Python int (line {use.lineno})")
+        if not self._integer_count(tensor):
+            raise Decline(
+                f"`{ast.unparse(tensor)}` is not provably an integer count (a comparison's .sum() or count_nonzero), "
+                "so comparing the tensor could differ from comparing the Python number"
+            )
         ctx.notes.append(
             f"`{name}` kept as the 0-dim integer tensor `{ast.unparse(tensor)}`; its only uses are `if` "
             "comparisons with Python ints, now tensor tests for [Where]"
