@@ -78,7 +78,6 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
-from typing import Any
 
 import torch
 
@@ -264,7 +263,7 @@ class _FullLoop:
             f"the body only writes through the selection of `{mask}[{var}]`, empty for the indices the filter dropped"
             + (f"; {len(self.dropped)} empty-selection guard(s) removed" if self.dropped else "")
         )
-        return _place(out, stmt) + []
+        return _place(out, stmt)
 
     # -- the filter: T[i] is False exactly when M[i] is all zero ----------------
 
