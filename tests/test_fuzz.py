@@ -11,7 +11,7 @@ import graphmend
 from fuzz.generator import programs
 from fuzz.runner import Summary, check_program, run_many
 
-CI_PROGRAMS = int(os.environ.get("GRAPHMEND_FUZZ_CI", "60"))
+CI_PROGRAMS = int(os.environ.get("GRAPHMEND_FUZZ_CI", "50"))
 
 
 @pytest.fixture(autouse=True)
