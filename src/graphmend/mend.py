@@ -8,8 +8,9 @@ The pipeline, top to bottom (``mend_target``)::
         sites a rule claims, not tried yet
         locate -> rewrite -> build -> install, per function
         explain again                 -> breaks that remain, or were hidden
-        with [scalar] enabled, each explain also measures capture
-        (capture.py): scalar / dynamic-output capture kept only if it helps
+    with [scalar] enabled, measure capture once on the mended code (capture.py):
+        scalar / dynamic-output capture kept only if it helps; [scalar]
+        rewrites reverted if the result is still worse than the original
     verify: observe mended (eager, inside a region) and compare
         on a difference: revert, then keep only the functions that verify alone
 
@@ -273,16 +274,11 @@ def _mend_target(
     before = explain_target(target, grad=grad)
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
-    capture_on = CAPTURE_RULE in rules
-    current, plain, capture = before, before, Capture()
-    if capture_on:
-        current, plain, capture = _with_capture(target, grad, before)
+    current = before
     rounds = 0
     for _ in range(max_rounds):
-        # Rules see every site that breaks without capture (a rewrite beats a
-        # captured host read) and those that only appear with it.
-        sites = plain.sites + [s for s in current.sites if _key(s) not in {_key(p) for p in plain.sites}]
-        pending = [s for s in sites if _key(s) not in outcomes]
+        # Rounds trace without capture: a source rewrite beats a captured host read.
+        pending = [s for s in current.sites if _key(s) not in outcomes]
         if not pending:
             break
         rounds += 1
@@ -292,13 +288,17 @@ def _mend_target(
         if applied == 0:
             break
         try:
-            current, plain, capture = _retrace(target, grad, capture_on)
+            current = _retrace(target, grad)
         except Exception as exc:  # the mended code does not compile: undo this round
             _undo_round(mending, snapshot, codes, groups, outcomes, exc)
-            current, plain, capture = _retrace(target, grad, capture_on)
+            current = _retrace(target, grad)
             break
+    # Then, once, capture for what is left (capture.py), measured on the mended code.
+    capture_on = CAPTURE_RULE in rules
+    plain, (current, capture) = current, _with_capture(target, grad, current, capture_on)
     if _worse(current, before) and _revert_rule(mending, groups, outcomes, CAPTURE_RULE, current, before):
-        current, plain, capture = _retrace(target, grad, capture_on)
+        plain = _retrace(target, grad)
+        current, capture = _with_capture(target, grad, plain, capture_on)
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -306,7 +306,8 @@ def _mend_target(
         differences = _verify(target, baseline, grad, mending.memo_attrs)
         verified = not differences
         if differences:
-            current, plain, capture = _bisect(target, baseline, grad, mending, groups, outcomes, capture_on)
+            plain = _bisect(target, baseline, grad, mending, groups, outcomes)
+            current, capture = _with_capture(target, grad, plain, capture_on)
             verified = True  # what remains installed verified on its own
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
@@ -403,18 +404,19 @@ def _trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
     return Trial(flags, report.graphs, report.recompiles, trace.frames_skipped, report=report)
 
 
-def _with_capture(target: Target, grad: bool, plain: ExplainReport) -> tuple[ExplainReport, ExplainReport, Capture]:
-    """(current, without capture, decision): ``current`` is measured under the kept flags."""
+def _with_capture(
+    target: Target, grad: bool, plain: ExplainReport, capture_on: bool
+) -> tuple[ExplainReport, Capture]:
+    """(report under the kept flags, decision); ``plain`` was traced without capture."""
+    if not capture_on:
+        return plain, Capture()
     base = Trial((), plain.graphs, plain.recompiles, plain.frames_skipped, report=plain)
     capture, best = decide(base, lambda flags: _trial(target, grad, flags))
-    return best.report, plain, capture
+    return best.report, capture
 
 
-def _retrace(target: Target, grad: bool, capture_on: bool = False) -> tuple[ExplainReport, ExplainReport, Capture]:
-    plain = _trial(target, grad, ()).report
-    if not capture_on:
-        return plain, plain, Capture()
-    return _with_capture(target, grad, plain)
+def _retrace(target: Target, grad: bool) -> ExplainReport:
+    return _trial(target, grad, ()).report
 
 
 def _worse(after: ExplainReport, before: ExplainReport) -> bool:
@@ -483,8 +485,7 @@ def _bisect(
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
     outcomes: dict[tuple[str, int], SiteOutcome],
-    capture_on: bool,
-) -> tuple[ExplainReport, ExplainReport, Capture]:
+) -> ExplainReport:
     """Keep each patched function only if the target verifies with it installed."""
     patches = list(mending.patches)
     for patch in reversed(patches):
@@ -509,4 +510,4 @@ def _bisect(
         else:
             mending.patches.append(patch)
     torch._dynamo.reset()
-    return _retrace(target, grad, capture_on)
+    return _retrace(target, grad)
