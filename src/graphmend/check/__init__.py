@@ -154,6 +154,12 @@ def _line(f: Finding) -> str:
 def check_paths(paths: list[str], select: tuple[str, ...] = _DEFAULT_PREFIXES) -> CheckReport:
     files = python_files(paths)
     informational = any(p.startswith("GM4") or "GM4".startswith(p) for p in select)
+    findings = _check_files(files, select, informational)
+    findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
+    return CheckReport(files_checked=len(files), findings=findings)
+
+
+def _check_files(files: list[str], select: tuple[str, ...], informational: bool) -> list[Finding]:
     findings: list[Finding] = []
     # Syntax trees hold no reference cycles; with torch imported, the cyclic
     # collector's passes over them would double the run time.
@@ -165,8 +171,7 @@ def check_paths(paths: list[str], select: tuple[str, ...] = _DEFAULT_PREFIXES) -
     finally:
         if collecting:
             gc.enable()
-    findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
-    return CheckReport(files_checked=len(files), findings=findings)
+    return findings
 
 
 def _check_file(path: str, select: tuple[str, ...], informational: bool) -> list[Finding]:
