@@ -108,7 +108,28 @@ def check_built(name: str, built: Any) -> Target:
         raise TargetError(f"{name}: args must be a tuple or list, got {type(args).__name__}")
     if not isinstance(kwargs, dict):
         raise TargetError(f"{name}: kwargs must be a dict, got {type(kwargs).__name__}")
+    check_real(name, model, args, kwargs)
     return Target(name, model, tuple(args), dict(kwargs))
+
+
+def check_real(name: str, model: Any, args: Any, kwargs: Any) -> None:
+    """graphmend runs the model to find breaks and compares real values to
+    verify: weights or inputs on the meta device cannot be run or compared."""
+    tensors = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
+    leaves = list(args) + list(kwargs.values())
+    while leaves:
+        leaf = leaves.pop()
+        if isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
+        elif isinstance(leaf, (tuple, list)):
+            leaves.extend(leaf)
+        elif isinstance(leaf, dict):
+            leaves.extend(leaf.values())
+    if any(t.is_meta for t in tensors):
+        raise TargetError(
+            f"{name}: weights or inputs are on the meta device; graphmend runs the model and compares real "
+            "values, so materialise it first (model.to_empty(device=...) and load a state_dict)"
+        )
 
 
 def check_model(name: str, model: Any) -> None:
@@ -163,6 +184,7 @@ def target_from_objects(model: Any, args: tuple, kwargs: dict, name: str | None 
     """A Target for objects passed from Python (``graphmend.explain(model, x)``)."""
     label = name or getattr(model, "__qualname__", None) or type(model).__name__
     check_model(label, model)
+    check_real(label, model, args, kwargs)
     return Target(label, model, tuple(args), dict(kwargs))
 
 
