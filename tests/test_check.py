@@ -231,3 +231,9 @@ def test_folder_walk_skips_hidden_and_pycache(tmp_path, capsys):
         os.path.join("sub", "b.py"),
     ]
     assert len(report.findings) == 8 + 4 + 8
+
+
+def test_a_file_named_twice_is_checked_once():
+    report = check_paths([CHECK, fixture("guards.py")])
+    assert report.files_checked == 6
+    assert [f.line for f in report.findings if f.path.endswith("guards.py")] == [14, 17, 19, 24]

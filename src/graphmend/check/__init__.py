@@ -100,7 +100,7 @@ def python_files(paths: list[str]) -> list[str]:
                 out.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(".py"))
         else:
             raise GraphmendError(f"no such file or directory: {path}")
-    return out
+    return list(dict.fromkeys(out))  # a file named twice (a folder and a file in it) is checked once
 
 
 @dataclass

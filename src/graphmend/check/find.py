@@ -58,7 +58,7 @@ class Finding:
     col: int  # 1-based, in characters
     code: str
     message: str
-    function: str  # qualified name of the enclosing function ("" at module level)
+    function: str  # qualified name of the enclosing function ("" for GM000)
     safe: bool = False
     why: str | None = None  # why the rewrite needs a run (None when safe or out of scope)
 
