@@ -586,7 +586,9 @@ _ROW_LIST = [
         artifact_after=3,
         rules="Defer (partial)",
         note="input length 20 is not a multiple of attention_window=8, else the padding warning_once never "
-        "runs; the .item() (TI) breaks stay",
+        "runs; the .item() (TI) breaks stay: is_global_attn feeds shape-changing Python ifs in every attention "
+        "layer, so [Scalar] finds no exact rewrite, and capture_scalar_outputs is refused (3 graphs, but Dynamo "
+        "abandons 2 frames)",
         builder=_longformer,
     ),
     ZooRow(
@@ -612,9 +614,11 @@ _ROW_LIST = [
         paper_fix_rate=None,
         artifact_before=None,
         artifact_after=None,
-        rules="none (beyond the paper)",
+        rules="Scalar (beyond the paper)",
         note="not in Table 2; the sparse-MoE block's nonzero().tolist() and per-expert torch.where break, so "
-        "the count depends on routing: with these inputs expert 2 gets no tokens in layer 0",
+        "the count depends on routing: with these inputs expert 2 gets no tokens in layer 0. [Scalar] loops over "
+        "every expert (the body only writes through an empty selection for the others) and keeps "
+        "capture_dynamic_output_shape_ops: 13 graphs -> 1, 5 recompiles -> 0",
         builder=_mixtral,
     ),
 ]
