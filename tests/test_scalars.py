@@ -91,6 +91,7 @@ def test_routing_loop_reaches_one_graph_with_starved_experts(cls):
         (S.MoESigned, "not provably non-negative"),
         (S.MoEWritesAll, "`out.mul_(0.5)` is not provably a no-op when the selection is empty"),
         (S.MoEImpureExpert, "Noisy.forward calls `print`, not known to be pure"),
+        (S.MoERaisesOnEmpty, "`x[top_x].max()` raises on an empty selection"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else "",
 )

@@ -59,8 +59,9 @@ The ``if`` is on shapes only, so Dynamo decides it while tracing (no break).
 - the loop body does anything that is not provably a no-op on an empty
   selection: a statement other than pure assignments, ``torch.where(M[e])``
   / ``nonzero``, ``index_add_`` / ``index_copy_`` / indexed stores through
-  the selection; a module call whose forward (and submodules') is not pure;
-  a name the loop assigns read after the loop;
+  the selection; a reduction that raises on an empty tensor (``max``,
+  ``argmin``, ``item``, ...); a module call whose forward (and submodules')
+  is not pure; a name the loop assigns read after the loop;
 - ``.item()`` whose value reaches Python control flow, ``int()``, a
   container or any use other than an operand of ``*``/``+``/``-`` (the other
   operand must be a tensor at run time, else the original runs);
@@ -104,6 +105,9 @@ _PURE_NN = (
     torch.nn.Softmax,
 )
 _ITEM_OPS = (ast.Mult, ast.Add, ast.Sub)
+# Pure, but raise on an empty tensor (no identity element): the loop would now
+# run them on an index the filter dropped.
+_RAISE_ON_EMPTY = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "item", "median", "mode", "kthvalue"})
 
 
 def _load(name: str) -> ast.Name:
@@ -448,6 +452,8 @@ class _FullLoop:
             if not isinstance(sub, ast.Call):
                 continue
             func = sub.func
+            if isinstance(func, ast.Attribute) and func.attr in _RAISE_ON_EMPTY:
+                raise Decline(f"{where}: `{ast.unparse(sub)}` raises on an empty selection")
             if isinstance(func, ast.Name) and func.id in modules:
                 self._modules_pure(modules[func.id], where)
                 continue
@@ -552,6 +558,8 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
                 return f"{name}.forward stores into an attribute or item"
         if isinstance(node, ast.Call):
             func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _RAISE_ON_EMPTY:
+                return f"{name}.forward calls `{ast.unparse(func)}`, which raises on an empty input"
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
                 child = getattr(module, func.attr, None)
                 if isinstance(child, torch.nn.Module):
