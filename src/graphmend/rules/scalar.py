@@ -1,16 +1,10 @@
 """[Scalar] data-dependent scalars and shapes (categories: TI, DO).
 
 ## What it does
-Two mechanisms, each proven or declined:
+Source rewrites first, then measured capture for what is left; each proven
+or declined:
 
-1. **Measured capture** (``graphmend/capture.py``). For the remaining
-   ``.item()`` / int ``.tolist()`` (TI) and ``nonzero`` / ``torch.where(mask)``
-   (DO) sites, discovery runs again with ``capture_scalar_outputs`` and/or
-   ``capture_dynamic_output_shape_ops`` on. A setting is kept only when it
-   gives fewer graphs with no more recompiles, no more abandoned frames and
-   no tracing error; ``graphmend.compile`` then applies it around every call
-   (``report.capture``). Sites it removes are reported "removed by <flag>".
-2. **Source rewrites** for patterns that still break under capture:
+1. **Source rewrites** (a rewrite beats a captured host read: no sync):
 
    * *a loop over a filtered index list* (mixture-of-experts routing):
      ``hit = (M.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()``
@@ -23,9 +17,21 @@ Two mechanisms, each proven or declined:
    * *a scalar fed to tensor arithmetic*: ``x * t.item()`` (also ``+``, ``-``)
      becomes ``x * t.detach()`` when ``x`` is a tensor and ``t`` is 0-dim with
      ``x``'s dtype and device (checked while tracing, the original runs
-     otherwise): a 0-dim
-     tensor takes part in type promotion like a Python scalar and its value
-     reaches the kernel unchanged, so the result is bit-identical.
+     otherwise): a 0-dim tensor takes part in type promotion like a Python
+     scalar and its value reaches the kernel unchanged, so the result is
+     bit-identical.
+   * *a count tested by a Python if*: ``n = int((h > 0).sum().item())`` whose
+     only uses are ``if n > <Python int>:`` keeps ``n`` as the 0-dim integer
+     tensor; the ``if`` becomes a tensor test that [Where] predicates.
+2. **Measured capture** (``graphmend/capture.py``). For the remaining
+   ``.item()`` / int ``.tolist()`` (TI) and ``nonzero`` / ``torch.where(mask)``
+   (DO) sites, discovery runs again with ``capture_scalar_outputs`` and/or
+   ``capture_dynamic_output_shape_ops`` on. A setting is kept only when it
+   gives fewer graphs with no more recompiles, no more abandoned frames and
+   no tracing error; ``graphmend.compile`` then applies it around every call
+   (``report.capture``). Sites it removes are reported as "removed by" the
+   flag. A loop rewrite that leaves the program worse than the original
+   (no capture setting helps) is reverted.
 
 ## Why the original breaks
 ``.tolist()`` of ``nonzero`` makes a Python list whose length depends on
@@ -62,9 +68,10 @@ The ``if`` is on shapes only, so Dynamo decides it while tracing (no break).
   the selection; a reduction that raises on an empty tensor (``max``,
   ``argmin``, ``item``, ...); a module call whose forward (and submodules')
   is not pure; a name the loop assigns read after the loop;
-- ``.item()`` whose value reaches Python control flow, ``int()``, a
-  container or any use other than an operand of ``*``/``+``/``-`` (the other
-  operand must be a tensor at run time, else the original runs);
+- ``.item()`` whose value reaches a container, a call, a slice or any use
+  other than an operand of ``*``/``+``/``-`` (the other operand must be a
+  tensor at run time, else the original runs) or, as an integer count, an
+  ``if`` comparison with Python ints;
 - any other TI / DO site: only measured capture can help there (reported).
 
 ## Fix safety
