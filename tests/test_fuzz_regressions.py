@@ -105,3 +105,58 @@ def test_an_effect_on_a_path_not_taken_keeps_its_order():
 def _in_region(fn, *args):
     with graphmend.runtime.region():
         return fn(*args)
+
+
+class CountingBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def forward(self, h):
+        self.count += 1
+        return h
+
+
+class CheckThenLoop(nn.Module):
+    """Found by the fuzzer: the [Trap] continuation scan skipped calls of a loop
+    variable (`layer(x)`), so blocks updated their state before the trapped
+    check raised."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([CountingBlock() for _ in range(2)])
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+class CheckInHelperThenLoop(CheckThenLoop):
+    def check(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        return x
+
+    def forward(self, x):
+        x = self.check(x)
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("cls", [CheckThenLoop, CheckInHelperThenLoop], ids=lambda c: c.__name__)
+def test_a_check_followed_by_stateful_blocks_in_a_loop_keeps_state(cls):
+    model = cls()
+    expected_model = copy.deepcopy(model)
+    x = torch.tensor([1.0, -1.0])
+    expected = run(expected_model, x)
+    assert expected.exception == ("ValueError", "negative")
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2),))
+    (trap,) = [o for o in compiled.report.outcomes if o.rule == "trap"]
+    assert trap.status == "declined" and "self.count" in trap.reason
+    got = run(compiled, x)
+    assert got.exception == expected.exception
+    assert [b.count for b in model.blocks] == [b.count for b in expected_model.blocks] == [0, 0]

@@ -44,6 +44,7 @@ CHECKS = [
     "{T}.isnan(h).any()",
     "not {T}.isfinite(h).all()",
     "(h < -2).any()",
+    "not {T}.equal(h, h)",
 ]
 
 ARITH = [
@@ -192,6 +193,9 @@ def _if(draw, ctx: _Ctx, depth: int, allow_return: bool) -> list[str]:
     if shape.endswith("else"):
         lines.append("else:")
         lines += _indent(draw(_block(ctx, depth - 1, allow_return, 1, 2)))
+    if allow_return and shape == "if-else" and draw(st.booleans()):  # both branches return
+        ctx.features.append("if-else-return")
+        return [lines[0], f"    return {draw(st.sampled_from(['h * 2', 'h + s']))}", "else:", "    return -h"]
     return lines
 
 
@@ -253,10 +257,12 @@ def _submodule(draw, ctx: _Ctx) -> list[str]:
     return [f"h = self.{attr}(h)"]
 
 
-def _optional_param(ctx: _Ctx) -> list[str]:
+@st.composite
+def _optional_param(draw, ctx: _Ctx) -> list[str]:
     ctx.features.append("optional-param")
     ctx.need(f"self.bias = nn.Parameter({ctx.T}.full((4,), 0.25)) if use_bias else None")
-    return ["if self.bias is not None:", "    h = h + self.bias"]
+    test = draw(st.sampled_from(["self.bias is not None", "self.bias is not None and h.sum() > 0"]))
+    return [f"if {test}:", "    h = h + self.bias"]
 
 
 @st.composite
@@ -306,7 +312,7 @@ def _statement(draw, ctx: _Ctx, depth: int, allow_return: bool, plain: bool = Fa
     if kind == "submodule":
         return draw(_submodule(ctx))
     if kind == "optional":
-        return _optional_param(ctx)
+        return draw(_optional_param(ctx))
     if kind == "fp16":
         return draw(_fp16_guard(ctx))
     return draw(_untouchable(ctx))

@@ -14,7 +14,7 @@ import graphmend
 from graphmend import api
 
 from .generator import Program
-from .runner import check_program, inputs_for, load
+from .runner import _first_valid, check_program, inputs_for, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = module.Model().eval()
     xs = inputs_for(seed)
+    example = _first_valid(model, xs, start)
+    print("example input", example)
     with graphmend.verify.quiet():
-        report = graphmend.mend(model, xs[start % len(xs)])
+        report = graphmend.mend(model, xs[example])
     for outcome in report.outcomes:
         print(f"{outcome.line:4d} {outcome.status:9s} [{outcome.rule}] {outcome.reason}")
     for _, mending in api._ACTIVE.values():

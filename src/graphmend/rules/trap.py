@@ -287,7 +287,12 @@ class Trap(Rule):
                             return reason
                         continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
-                    if target is not None and hasattr(target, "__code__"):
+                    if target is None:  # a parameter or loop variable: `for layer in self.layers: layer(h)`
+                        reason = self._local_callable(func.id, node, ctx, depth)
+                        if reason:
+                            return reason
+                        continue
+                    if hasattr(target, "__code__"):
                         reason = self._function_effects(target, func.id, ctx, depth)
                         if reason:
                             return reason
