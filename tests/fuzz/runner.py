@@ -286,6 +286,11 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         if arm.startswith("eager") or not diff:
             result.mismatches += diff
             continue
+        if "grad" in arm and any(_INPLACE_AUTOGRAD in (o.exception or ("", ""))[1] for o in expected):
+            # Eager autograd refuses an in-place change of a saved tensor; a compiled graph
+            # functionalizes it and succeeds. That is torch.compile's behaviour, not a rewrite's.
+            result.backend_differences += diff
+            continue
         # The same backend on the unmended original: a difference it shows too is the backend's.
         g = "grad" in arm
         control = _series(fresh(_BACKENDS[arm.split("+")[0]]), grad_xs if g else xs, region=False, grad=g)
@@ -298,6 +303,7 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
     return result
 
 
+_INPLACE_AUTOGRAD = "modified by an inplace operation"
 _GRAD_FN = re.compile(r",\s*grad_fn=<\w+>|,\s*requires_grad=True")
 
 
