@@ -36,10 +36,6 @@ def test_identical_zero_dim_nan_outputs_compare_equal():
     assert compare(Observation(output=nan), Observation(output=nan.clone())) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="same verify._bits_equal bug: a correct [Defer] rewrite is reverted when the output is a 0-dim NaN",
-)
 def test_defer_is_kept_when_the_output_is_a_zero_dim_nan():
     x = torch.tensor([1.0, float("nan")])
     report = graphmend.mend(PrintThenNanScalar(), x)

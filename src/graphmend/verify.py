@@ -189,7 +189,8 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.layout != torch.strided or b.layout != torch.strided:
         return bool(torch.equal(a.to_dense(), b.to_dense()))
-    a, b = a.detach().contiguous().cpu(), b.detach().contiguous().cpu()
+    # reshape(-1): a 0-dim tensor cannot be viewed as bytes, a 1-element one can.
+    a, b = a.detach().contiguous().cpu().reshape(-1), b.detach().contiguous().cpu().reshape(-1)
     if a.dtype == torch.bool:
         return bool(torch.equal(a, b))
     try:
