@@ -26,11 +26,6 @@ class PrintThenNanScalar(nn.Module):
         return x.sum()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verify._bits_equal cannot view a 0-dim tensor as bytes and falls back to torch.equal, "
-    "so two identical 0-dim NaNs compare different (fix in verify.py)",
-)
 def test_identical_zero_dim_nan_outputs_compare_equal():
     nan = torch.tensor(float("nan"))
     assert compare(Observation(output=nan), Observation(output=nan.clone())) == []
