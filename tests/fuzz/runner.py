@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
-import io
 import linecache
 import os
 import re
@@ -46,7 +45,12 @@ import torch
 
 import graphmend
 from graphmend import runtime
-from graphmend.verify import Observation, _capture_log_records, _detach, compare, fresh_once_caches, module_state
+from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state
+
+try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
+    from effects_capture import capture
+except ImportError:
+    from tests.effects_capture import capture
 
 from .generator import Program
 
@@ -94,17 +98,10 @@ class CountingBackend:
 
 @contextlib.contextmanager
 def _captured(obs: Observation):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
-        stack.enter_context(_capture_log_records(obs.records))
-        stack.enter_context(fresh_once_caches())
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
+    """stdout, stderr, log records (not torch's own) and warnings of the block, into ``obs``."""
+    with capture() as cap, fresh_once_caches():
         yield
-        obs.warnings = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
-    obs.stdout, obs.stderr = out.getvalue(), err.getvalue()
+    obs.stdout, obs.stderr, obs.records, obs.warnings = cap.stdout, cap.stderr, cap.records, cap.warnings
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -130,7 +127,6 @@ def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bo
             obs.exception = (type(exc).__qualname__, str(exc))
     obs.state = _zero_dim(module_state(state_of))
     obs.output = _zero_dim(obs.output)
-    obs.records = [r for r in obs.records if not r[0].startswith("torch")]  # Dynamo's own (recompile limits)
     return obs
 
 
