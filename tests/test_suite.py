@@ -18,7 +18,7 @@ def test_quick_suite_rows_totals_json_and_chart(tmp_path, capsys):
     totals = data["totals"]
     assert totals["breaks_eliminated"] == totals["breaks_before"] - totals["breaks_after"] == 8
     assert totals["rows_fully_fixed"] == 2 and totals["rows_failed"] == 0
-    assert "totals: breaks 8 -> 1" in text
+    assert "totals: breaks 8 -> 0" in text
     png = tmp_path / "suite.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
 
