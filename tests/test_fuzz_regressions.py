@@ -151,3 +151,25 @@ def test_a_check_followed_by_stateful_blocks_in_a_loop_keeps_state(cls):
     got = run(compiled, x)
     assert got.exception == expected.exception
     assert [b.count for b in model.blocks] == [b.count for b in expected_model.blocks] == [0, 0]
+
+
+def _scaled(x):
+    def double(t):
+        return t * 2
+
+    return double(x)
+
+
+class CheckThenNestedHelper(nn.Module):
+    """The loop-variable fix must still accept a nested helper function (as in
+    grounding-dino's get_sine_pos_embed): its body is scanned with its parent."""
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        return _scaled(x)
+
+
+def test_a_check_followed_by_a_nested_pure_helper_is_trapped():
+    report = graphmend.mend(CheckThenNestedHelper(), torch.ones(2))
+    assert [(o.rule, o.status) for o in report.outcomes] == [("trap", "applied")]
