@@ -125,9 +125,15 @@ def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bo
                 obs.output = (obs.output, _gradients(result, arg, state_of))
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))
+    # Dynamo runs the code after a graph break as `torch_dynamo_resume_in_<fn>_at_<line>`:
+    # a log record made there names that function. Its name, not the record, is the backend's.
+    obs.records = [(*r[:4], _RESUME.sub(r"\1", r[4]), *r[5:]) for r in obs.records]
     obs.state = _zero_dim(module_state(state_of))
     obs.output = _zero_dim(obs.output)
     return obs
+
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
 
 
 def _zero_dim(value: Any) -> Any:
