@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .runner import run_many
@@ -17,9 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-statements", type=int, default=8, help="top-level statements per forward (at most)")
     parser.add_argument("--failures", default="build/fuzz-failures", help="folder for failing programs")
     parser.add_argument("--progress-every", type=int, default=100)
+    parser.add_argument("--summary", default="build/fuzz-summary.txt", help="the summary so far, rewritten at each progress line")
     args = parser.parse_args(argv)
 
     def progress(summary):
+        os.makedirs(os.path.dirname(args.summary) or ".", exist_ok=True)
+        with open(args.summary, "w") as fh:
+            fh.write(summary.render() + "\n")
         print(
             f"[fuzz] {summary.programs} programs, {summary.checked} checked, "
             f"{len(summary.mismatches)} mismatches, {summary.seconds:.0f} s",
@@ -37,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         progress_every=args.progress_every,
     )
     print(summary.render(), flush=True)
+    with open(args.summary, "w") as fh:
+        fh.write(summary.render() + "\n")
     if summary.mismatches or summary.mend_errors or summary.harness_errors:
         print(f"failing programs written to {args.failures}/")
         return 1
