@@ -1,6 +1,7 @@
 """[Trap]: the same exception, message, effects before the check, and state."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -156,3 +157,32 @@ def test_guard_inside_a_data_dependent_branch_fires_only_on_its_path():
     assert run(reference, big_positive).exception == ("ValueError", "too large on the positive path")
     assert run(reference, big_negative).exception is None
     assert len(backend.graphs) == 1
+
+
+LOOPS = os.path.join(os.path.dirname(__file__), "fixtures", "trap_loops.py")
+
+
+def _trap_outcome(factory):
+    from graphmend.mend import mend_target
+    from graphmend.targets import load_target
+    from graphmend.verify import quiet
+
+    with quiet():
+        report, mending = mend_target(load_target(f"{LOOPS}:{factory}"))
+    mending.undo()
+    [site] = [o for o in report.outcomes if o.rule == "trap"]
+    return site
+
+
+def test_continuation_through_enumerate_and_a_nested_wrapper_is_resolved():
+    # layer(h) through `for i, layer in enumerate(self.layers)` and a nested
+    # `wrap(module)` closure; another module's `layers` (state-changing) is
+    # not what Stack.forward runs.
+    site = _trap_outcome("build_plain")
+    assert site.status == "applied", site.reason
+
+
+def test_a_state_changing_layer_reached_that_way_declines():
+    site = _trap_outcome("build_counting")
+    assert site.status == "declined"
+    assert "self.calls" in site.reason

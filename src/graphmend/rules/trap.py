@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
 from ..sites import is_side_effect_call
-from ..source import definition_of, module_namespace, parse_file
+from ..source import definition_of, first_line, module_namespace, parse_file
 from . import Decline, Rule, RewriteContext, register
 from ._predicate import check_lowerable, has_boolops, lower
 from .defer import Defer
@@ -205,6 +206,7 @@ class Trap(Rule):
         from ..analysis import _path_to
 
         self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
+        self._scope: tuple[Any, str] | None = (ctx.fdef, ctx.filename)  # the function being scanned
 
         path = _path_to(ctx.fdef.body, stmt)
         reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
@@ -234,7 +236,8 @@ class Trap(Rule):
         block, index = found
         path = _path_to(fdef.body, block[index])
         namespace = module_namespace(frame.file)
-        return self._scan_continuation(fdef, path, namespace, ctx, 0)
+        with self._scanning(fdef, frame.file):
+            return self._scan_continuation(fdef, path, namespace, ctx, 0)
 
     def _scan_continuation(self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
         if path is None:
@@ -282,13 +285,13 @@ class Trap(Rule):
                     if func.id == "setattr":
                         return f"`setattr(...)` (line {sub.lineno})"
                     if func.id in local:
-                        reason = self._local_callable(func.id, node, ctx, depth)
+                        reason = self._local_callable(func.id, node, ctx, depth, namespace)
                         if reason:
                             return reason
                         continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
                     if target is None:  # a parameter or loop variable: `for layer in self.layers: layer(h)`
-                        reason = self._local_callable(func.id, node, ctx, depth)
+                        reason = self._local_callable(func.id, node, ctx, depth, namespace)
                         if reason:
                             return reason
                         continue
@@ -300,7 +303,7 @@ class Trap(Rule):
 
     def _module_effects(self, attr: str, label: str, ctx: RewriteContext, depth: int) -> str | None:
         """A call of ``self.<attr>`` (or ``self.<attr>[i]``): what it can be on the live model."""
-        values = ctx.attribute_values(attr)
+        values = self._self_values(attr, ctx)
         if not values:
             if _none_everywhere(ctx, attr):
                 return None  # calling None raises before any effect
@@ -318,23 +321,109 @@ class Trap(Rule):
         fdef = definition_of(code)
         if fdef is None:
             return f"calls `{label}`, whose source is not available"
-        reason = self._mutation_in(fdef, _fresh_locals(fdef), fn.__globals__, ctx, depth + 1)
+        with self._scanning(fdef, code.co_filename):
+            reason = self._mutation_in(fdef, _fresh_locals(fdef), fn.__globals__, ctx, depth + 1)
         verdict = f"{code.co_name}: {reason}" if reason else None
         self._scanned[id(code)] = verdict
         return verdict
 
-    def _local_callable(self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int) -> str | None:
-        """``for layer in self.layers: ... layer(h)``: the modules the loop yields."""
-        for loop in ast.walk(scope):
-            if (
-                isinstance(loop, ast.For)
-                and isinstance(loop.target, ast.Name)
-                and loop.target.id == name
-                and isinstance(loop.iter, ast.Attribute)
-                and isinstance(loop.iter.value, ast.Name)
-                and loop.iter.value.id == "self"
-            ):
-                values = ctx.attribute_values(loop.iter.attr)
+    def _nested_parameter(
+        self, name: str, outer: Any, ctx: RewriteContext, depth: int, namespace: dict | None
+    ) -> Any:
+        """``name`` is a parameter of a function nested in ``outer`` (as in
+        ``def create_custom_forward(module): ... module(*inputs)``): what the
+        calls of that function in ``outer`` pass for it."""
+        for nested in ast.walk(outer):
+            if not isinstance(nested, (ast.FunctionDef, ast.AsyncFunctionDef)) or nested is outer:
+                continue
+            params = [a.arg for a in nested.args.posonlyargs + nested.args.args]
+            if name not in params:
+                continue
+            index = params.index(name)
+            calls = [
+                c for c in ast.walk(outer)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == nested.name
+            ]
+            if not calls:
+                return _UNRESOLVED
+            for call in calls:
+                if index >= len(call.args) or any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+                    return f"calls `{name}(...)`, passed to `{nested.name}` in a form that could not be resolved"
+                arg = call.args[index]
+                if isinstance(arg, ast.Name) and arg.id != name:
+                    reason = self._local_callable(arg.id, outer, ctx, depth, namespace)
+                elif _self_attribute(arg) is not None:
+                    reason = self._module_effects(_self_attribute(arg), ast.unparse(arg), ctx, depth)
+                else:
+                    return f"calls `{name}(...)`, passed to `{nested.name}` as `{ast.unparse(arg)}`, which could not be resolved"
+                if reason:
+                    return reason
+            return None
+        return _UNRESOLVED
+
+    @contextlib.contextmanager
+    def _scanning(self, fdef: Any, filename: str) -> Iterator[None]:
+        previous, self._scope = getattr(self, "_scope", None), (fdef, filename)
+        try:
+            yield
+        finally:
+            self._scope = previous
+
+    def _self_values(self, attr: str, ctx: RewriteContext) -> list:
+        """What ``self.<attr>`` can be in the function being scanned: the
+        attribute on the live modules whose class runs that function (all
+        modules of the model when none is found)."""
+        import torch
+
+        scope = getattr(self, "_scope", None)
+        if scope is None or not isinstance(ctx.model, torch.nn.Module):
+            return ctx.attribute_values(attr)
+        fdef, filename = scope
+        line = first_line(fdef)
+        owners = [m for m in ctx.model.modules() if _runs(type(m), fdef.name, line, filename)]
+        if not owners:
+            return ctx.attribute_values(attr)
+        values: list = []
+        for module in owners:
+            value = None
+            for store in ("_modules", "_parameters", "_buffers"):
+                value = module.__dict__.get(store, {}).get(attr)
+                if value is not None:
+                    break
+            if value is None:
+                value = module.__dict__.get(attr, getattr(type(module), attr, None))
+            if value is not None and not any(value is v for v in values):
+                values.append(value)
+        return values
+
+    def _local_callable(
+        self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None
+    ) -> str | None:
+        """``for layer in self.layers: ... layer(h)``: the modules the loop yields;
+        a function defined inside the function being scanned: its body."""
+        current = getattr(self, "_scope", None)
+        if current is not None:
+            nested = [
+                n for n in ast.walk(current[0])
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and n is not current[0]
+            ]
+            if len(nested) == 1:
+                if depth >= self._MAX_DEPTH:
+                    return f"calls `{name}(...)`, too deep to check"
+                key = id(nested[0])
+                if key not in self._scanned:
+                    self._scanned[key] = None
+                    reason = self._mutation_in(nested[0], _fresh_locals(nested[0]), namespace or {}, ctx, depth + 1)
+                    self._scanned[key] = f"{name}: {reason}" if reason else None
+                return self._scanned[key]
+            reason = self._nested_parameter(name, current[0], ctx, depth, namespace)
+            if reason is not _UNRESOLVED:
+                return reason
+        outer = [current[0]] if current is not None else []
+        for loop in (n for root in [scope, *outer] for n in ast.walk(root)):
+            attr = _loop_attribute(loop, name) if isinstance(loop, ast.For) else None
+            if attr is not None:
+                values = self._self_values(attr, ctx)
                 if values:
                     return self._modules_effects(values, f"{name}(...)", ctx, depth)
         return f"calls the local `{name}(...)`, which could not be resolved"
@@ -368,11 +457,15 @@ class Trap(Rule):
                 fdef = definition_of(code) if code is not None else None
                 if fdef is None:
                     return f"calls `{label}` ({cls.__name__}), whose forward source was not found"
-                reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
+                with self._scanning(fdef, code.co_filename):
+                    reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
                 if reason:
                     self._scanned[id(cls)] = f"{cls.__name__}.forward: {reason}"
                     return self._scanned[id(cls)]
         return None
+
+
+_UNRESOLVED = object()  # a lookup that found nothing (None means: found, and clean)
 
 
 class _EqualToRuntime(ast.NodeTransformer):
@@ -511,3 +604,47 @@ def _own_attrs(cls: type) -> set[str]:
             break
         names |= set(vars(klass))
     return names
+
+
+def _self_attribute(node: ast.expr) -> str | None:
+    """``self.<attr>`` or a slice of it (whose items are among its items)."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _loop_attribute(loop: ast.For, name: str) -> str | None:
+    """The ``self`` attribute whose items the loop binds to ``name``:
+    ``for name in self.X``, ``for i, name in enumerate(self.X)``,
+    ``for a, name in zip(self.X, self.Y)``."""
+    target, source = loop.target, loop.iter
+    if isinstance(target, ast.Name):
+        return _self_attribute(source) if target.id == name else None
+    if not isinstance(target, ast.Tuple) or not isinstance(source, ast.Call) or not isinstance(source.func, ast.Name):
+        return None
+    names = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
+    if source.func.id == "enumerate" and len(names) == 2 and names[1] == name and len(source.args) == 1:
+        return _self_attribute(source.args[0])
+    if source.func.id == "zip" and len(names) == len(source.args) and name in names:
+        return _self_attribute(source.args[names.index(name)])
+    return None
+
+
+def _runs(cls: type, name: str, line: int, filename: str) -> bool:
+    """Whether ``cls`` or a base (reached through ``super()``) defines method
+    ``name`` from ``filename:line``."""
+    import os
+
+    for base in cls.__mro__:
+        code = getattr(base.__dict__.get(name), "__code__", None)
+        if code is None or code.co_firstlineno != line:
+            continue
+        try:
+            if os.path.samefile(code.co_filename, filename):
+                return True
+        except OSError:
+            if code.co_filename == filename:
+                return True
+    return False
