@@ -61,16 +61,16 @@ def main() -> None:
     model = graphmend.compile(Model().eval(), backend=backend)
     samples = []
     start = time.perf_counter()
+    out = sys.stdout
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), torch.no_grad():
         for i in range(n + 1):
             if i % max(1, n // 10) == 0:
                 gc.collect()
                 samples.append((i, rss_mb(), time.perf_counter() - start))
+                print(f"after {i:>9,} calls: RSS {samples[-1][1]:7.1f} MB  ({samples[-1][2]:6.1f} s)", file=out, flush=True)
             model(x)
     report = model.report
     print(f"applied sites: {len(report.applied)}, graphs compiled: {calls['graphs']}")
-    for i, mb, seconds in samples:
-        print(f"after {i:>9,} calls: RSS {mb:7.1f} MB  ({seconds:6.1f} s)")
     first, last = samples[1][1], samples[-1][1]  # after warm-up (compile) to the end
     print(f"RSS growth from call {samples[1][0]:,} to {samples[-1][0]:,}: {last - first:+.1f} MB; "
           f"runtime buffers open: {runtime.active()}")
