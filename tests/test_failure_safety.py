@@ -94,9 +94,10 @@ def test_a_rule_fault_declines_only_that_rules_sites(rule_name, reference, monke
     expected, _ = reference
     rule = load_rules()[rule_name]
     monkeypatch.setattr(type(rule), "rewrite", _fault)
-    got, report, fallbacks = _mended_run()
+    got, report, warned = _mended_run()
     _same_behaviour(got, expected)
-    assert not fallbacks
+    # Not a fallback of the whole model: one warning that names the internal error.
+    assert len(warned) == 1 and "internal error declined" in warned[0] and "injected fault" in warned[0]
     faulted = [o for o in report.outcomes if o.rule == rule_name]
     assert faulted and all(o.status == "declined" and "internal error" in o.reason for o in faulted)
     others = [o for o in report.outcomes if o.rule not in (rule_name, None)]
@@ -119,3 +120,14 @@ def test_a_fault_in_the_mended_observation_reverts_everything(reference, monkeyp
     got, report, fallbacks = _mended_run()
     _same_behaviour(got, expected)
     assert report is None or report.applied == []
+
+
+def test_an_unsupported_torch_compiles_unchanged_with_a_warning(reference, monkeypatch):
+    expected, _ = reference
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    model, (x,), _ = demo.build()
+    with pytest.warns(RuntimeWarning, match="supports torch 2.13.x, found torch 2.11.0; compiling the model unchanged"):
+        compiled = graphmend.compile(model, backend=CountingBackend())
+    got = run(compiled, x)
+    torch._dynamo.reset()
+    _same_behaviour(got, expected)

@@ -44,12 +44,6 @@ class TrapThenError(nn.Module):
         return x + int(x.sum().item())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api.compile closes the deferral region in a forward hook (always_call=True); when the "
-    "forward raises after a trapped check, torch silences the hook's (trapped) exception and the "
-    "later error surfaces instead (fix in api.py: close the region around the call itself)",
-)
 def test_trapped_check_wins_over_a_later_error_under_graphmend_compile():
     model = TrapThenError()
     x = torch.tensor([-1.0, float("nan")])

@@ -26,6 +26,7 @@ import torch
 
 from . import runtime
 from .compat import check_environment
+from .errors import UnsupportedEnvironment
 from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
 from .targets import target_from_objects
 from .verify import quiet
@@ -61,6 +62,14 @@ def _mend(
         report, mending = mend_target(target, rules=tuple(rules), verify=verify)
     _remember(model, mending)
     report.undo = mending.undo  # type: ignore[attr-defined]
+    internal = [o for o in report.outcomes if "internal error" in o.reason]
+    if internal:  # the sites kept their original code; say so, once per mending
+        warnings.warn(
+            f"graphmend: an internal error declined {len(internal)} site(s), which keep their original code "
+            f"(first: {internal[0].path}:{internal[0].line}: {internal[0].reason}); please report it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return report
 
 
@@ -107,13 +116,23 @@ def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
 
 
 class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
-    """torch.compile's OptimizedModule, plus ``.report``.
+    """torch.compile's OptimizedModule, plus ``.report``, with the deferral
+    region opened and closed around the whole call.
 
     ``OptimizedModule`` forwards attribute writes to the wrapped model, which
     would shadow a model attribute named ``report``; a class attribute keeps
-    the write on the wrapper."""
+    the write on the wrapper. The region wraps ``__call__`` itself rather than
+    forward hooks: when the forward raises after a trapped check failed, the
+    region's exit must raise the trapped exception (it came first, as in
+    eager), and torch silences exceptions raised by an always-called hook."""
 
     report = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        around = self.__dict__.get("_graphmend_around")
+        if around is None:
+            return super().__call__(*args, **kwargs)
+        return around(super().__call__, args, kwargs)
 
 
 def _call_region(report: MendReport | None) -> Any:
@@ -140,7 +159,11 @@ def compile(
     ``(args, kwargs)``; without it, the first call's inputs are used. The
     result carries ``.report`` (a :class:`MendReport`, None until mended).
     """
-    check_environment()
+    try:
+        check_environment()
+    except UnsupportedEnvironment as exc:  # never fail where torch.compile alone would work
+        warnings.warn(f"graphmend: {exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
+        return torch.compile(model, **torch_compile_kwargs)
     state: dict[str, Any] = {"report": None, "holder": None, "tried": False}
     mend_lock = threading.Lock()
 
@@ -184,10 +207,17 @@ def compile(
             if regions.stack:
                 regions.stack.pop().__exit__(None, None, None)
 
+        def around(call: Any, args: tuple, kwargs: dict) -> Any:
+            ensure_mended(args, kwargs)
+            with _call_region(state["report"]):
+                return call(*args, **kwargs)
+
         if type(inner) is torch._dynamo.eval_frame.OptimizedModule:
             inner.__class__ = _MendedModule
-        inner.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        inner.register_forward_hook(post_hook, with_kwargs=True, always_call=True)
+            inner.__dict__["_graphmend_around"] = around
+        else:  # another wrapper type: hooks (an exception in the forward wins over a trapped one)
+            inner.register_forward_pre_hook(pre_hook, with_kwargs=True)
+            inner.register_forward_hook(post_hook, with_kwargs=True, always_call=True)
         holder: Any = inner
     else:
 

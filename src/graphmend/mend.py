@@ -295,10 +295,10 @@ def _mend_target(
             break
     # Then, once, capture for what is left (capture.py), measured on the mended code.
     capture_on = CAPTURE_RULE in rules
-    plain, (current, capture) = current, _with_capture(target, grad, current, capture_on)
+    plain, (current, capture) = current, _with_capture(target, grad, current, capture_on, outcomes)
     if _worse(current, before) and _revert_rule(mending, groups, outcomes, CAPTURE_RULE, current, before):
         plain = _retrace(target, grad)
-        current, capture = _with_capture(target, grad, plain, capture_on)
+        current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -307,7 +307,7 @@ def _mend_target(
         verified = not differences
         if differences:
             plain = _bisect(target, baseline, grad, mending, groups, outcomes)
-            current, capture = _with_capture(target, grad, plain, capture_on)
+            current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
             verified = True  # what remains installed verified on its own
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
@@ -405,11 +405,23 @@ def _trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
 
 
 def _with_capture(
-    target: Target, grad: bool, plain: ExplainReport, capture_on: bool
+    target: Target, grad: bool, plain: ExplainReport, capture_on: bool,
+    outcomes: dict[tuple[str, int], SiteOutcome] | None = None,
 ) -> tuple[ExplainReport, Capture]:
-    """(report under the kept flags, decision); ``plain`` was traced without capture."""
+    """(report under the kept flags, decision); ``plain`` was traced without capture.
+
+    Not measured when a [Trap] rewrite is applied: capture pulls scalar
+    conversions (``int(t.item())``, which raises on NaN) into the graph that
+    computes the trapped flag, and a graph that raises loses the flag, so the
+    later error would replace the check's exception."""
     if not capture_on:
         return plain, Capture()
+    trapped = [o for o in (outcomes or {}).values() if o.status == "applied" and o.rule == "trap"]
+    if trapped and any(s.category in ("TI", "DO") for s in plain.sites):
+        return plain, Capture(notes=[
+            f"not measured: {len(trapped)} trapped check(s) applied; a captured scalar conversion that raises "
+            "in the same graph would lose the check's exception"
+        ])
     base = Trial((), plain.graphs, plain.recompiles, plain.frames_skipped, report=plain)
     capture, best = decide(base, lambda flags: _trial(target, grad, flags))
     return best.report, capture
