@@ -162,7 +162,7 @@ def compile(
     try:
         check_environment()
     except UnsupportedEnvironment as exc:  # never fail where torch.compile alone would work
-        warnings.warn(f"graphmend: {exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
         return torch.compile(model, **torch_compile_kwargs)
     state: dict[str, Any] = {"report": None, "holder": None, "tried": False}
     mend_lock = threading.Lock()
