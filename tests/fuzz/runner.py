@@ -324,7 +324,7 @@ def _without_grad_fn(obs: Observation) -> Observation:
     )
 
 
-# api.compile closes the region in an always_call forward hook, whose exception torch
+# api.compile closed the region in an always_call forward hook, whose exception torch
 # silences when the forward raised (test_fuzz_regressions.py::test_trapped_check_wins...).
 _HOOK_SILENCED = "raised an exception that was silenced as another error was raised in forward"
 
@@ -437,7 +437,7 @@ class Summary:
             f"backend differences (the unmended original differs the same way): {self.backend_differences}",
             *[f"  {e}" for e in self.backend_examples[:5]],
             f"programs where verification reverted a rewrite (caught before use): {len(self.reverted)}",
-            f"known bug (trapped check vs a later error under graphmend.compile, xfail test): {len(self.known)} programs",
+            f"trapped check lost to a later error under graphmend.compile (fixed in 315036a; regression test): {len(self.known)} programs",
             f"documented limitation (a tensor printed under autograd loses its grad_fn text): {self.documented} programs",
             f"mismatches: {len(self.mismatches)}",
         ]
