@@ -7,7 +7,7 @@ that addresses it:
 * ``VG`` a validation ``raise`` on tensor values          -> [Trap]
 * ``LC`` ``print``, a ``logging`` call, ``warnings.warn``   -> [Defer]
 * ``DC`` a Python ``if`` on a tensor value                 -> [Where]
-* ``TI`` ``.item()`` feeding Python control flow          -> out of scope
+* ``TI`` ``.item()`` feeding Python control flow          -> [Scalar] (then [Where])
 
 Everything is deterministic: weights come from ``torch.manual_seed(0)`` and
 the input from a fixed generator.
