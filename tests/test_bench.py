@@ -120,3 +120,14 @@ def test_reduce_overhead_without_cuda_is_a_usage_error(capsys):
 def test_bad_batch_is_a_usage_error(capsys):
     assert cli.main(["bench", "demo", "--batch", "x"]) == 2
     assert "--batch takes comma-separated integers" in capsys.readouterr().err
+
+
+def test_sites_every_rule_declined_with_a_reason_are_not_an_inert_arm():
+    # clap: its one DO site is claimed by [Scalar], which declines it with a reason;
+    # the arms then run the same program by design, not by a failed mending.
+    report = B.BenchReport(target="t", backend="eager", batches=[])
+    base = {"ok": True, "cache_was_empty": True, "inputs_sha": "a", "batches": [], "weights_pinned": True, "graphs": 3}
+    report.arms["original"] = dict(base, cache_dir="/a")
+    report.arms["mended"] = dict(base, cache_dir="/b", fixable_sites=1, applied_sites=0, declined_with_reason=1)
+    B._check(report)
+    assert not any("mended nothing" in p for p in report.problems), report.problems

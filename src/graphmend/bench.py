@@ -233,7 +233,8 @@ def _check(report: BenchReport) -> None:
         if not mended.get("weights_pinned"):
             report.problems.append("the mended arm did not load the original arm's weights")
         fixable = mended.get("fixable_sites", 0)
-        if fixable and not mended.get("applied_sites"):
+        explained = mended.get("declined_with_reason", 0)  # sites the rules refused, each with its reason
+        if fixable and not mended.get("applied_sites") and explained < fixable:
             report.problems.append(
                 f"the mended arm mended nothing although {fixable} site(s) were fixable: it measured the original twice"
             )
@@ -399,6 +400,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             report = graphmend.mend(model, *args, **kwargs)
         result["applied_sites"] = len(report.applied)
         result["fixable_sites"] = len(report.before.fixable)
+        result["declined_with_reason"] = sum(1 for o in report.declined if o.rule and o.reason)
         region = report.region  # the deferral region and the capture flags the mending kept
     graphs: list[int] = []
 
