@@ -46,14 +46,15 @@ class RewriteContext:
     frames: list[Any] = field(default_factory=list)  # the break's frame chain (entry first)
     unalias: set[str] = field(default_factory=set)  # buffers to give their own storage at install
 
-    def attribute_values(self, attr: str) -> list[Any]:
-        """Distinct values of ``<module>.<attr>`` over the live target's modules."""
+    def attribute_values(self, attr: str, modules: Any = None) -> list[Any]:
+        """Distinct values of ``<module>.<attr>`` over the live target's modules
+        (or over ``modules``, a subset of them)."""
         import torch
 
         if not isinstance(self.model, torch.nn.Module):
             return []
         values: list[Any] = []
-        for module in self.model.modules():
+        for module in self.model.modules() if modules is None else modules:
             value = None
             for store in ("_modules", "_parameters", "_buffers"):
                 value = module.__dict__.get(store, {}).get(attr)

@@ -381,20 +381,7 @@ class Trap(Rule):
         fdef, filename = scope
         line = first_line(fdef)
         owners = [m for m in ctx.model.modules() if _runs(type(m), fdef.name, line, filename)]
-        if not owners:
-            return ctx.attribute_values(attr)
-        values: list = []
-        for module in owners:
-            value = None
-            for store in ("_modules", "_parameters", "_buffers"):
-                value = module.__dict__.get(store, {}).get(attr)
-                if value is not None:
-                    break
-            if value is None:
-                value = module.__dict__.get(attr, getattr(type(module), attr, None))
-            if value is not None and not any(value is v for v in values):
-                values.append(value)
-        return values
+        return ctx.attribute_values(attr, owners or None)
 
     def _local_callable(
         self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None
