@@ -69,3 +69,21 @@ class CountingBackend:
     def __call__(self, gm, example_inputs):
         self.graphs.append(gm)
         return gm.forward
+
+
+def bits_equal(a, b):
+    """Same dtype, shape and bytes (NaN payloads included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def tensors(out):
+    """The tensors in an output: a tensor, or dicts / tuples / lists of them, in order."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in tensors(v)]
+    return []

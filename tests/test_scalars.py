@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import graphmend
 import scalars as S
 from conftest import has_transformers
-from effects_capture import CountingBackend, run
+from effects_capture import CountingBackend, bits_equal, run, tensors
 from graphmend.capture import DYNAMIC, SCALAR, Trial, decide
 
 
@@ -26,12 +26,6 @@ def _restore():
     yield
     graphmend.unmend()
     torch._dynamo.reset()
-
-
-def bits_equal(a, b):
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def flags_off():
@@ -281,16 +275,6 @@ def test_decide_refuses_more_recompiles_graphs_abandoned_frames_and_errors():
 zoo = pytest.mark.skipif(not has_transformers(), reason="needs transformers==4.52.4")
 
 
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
-    return []
-
-
 def _starved(model, kwargs):
     """Per MoE layer, the experts that got no token on this input."""
     starved = []
@@ -325,7 +309,7 @@ def test_mixtral_one_graph_identical_when_experts_get_no_tokens():
     for k in inputs:
         eager = run(reference, **k)
         mended = run(compiled, **k)
-        assert all(bits_equal(a, b) for a, b in zip(_tensors(eager.output), _tensors(mended.output)))
+        assert all(bits_equal(a, b) for a, b in zip(tensors(eager.output), tensors(mended.output)))
         assert mended.effects() == eager.effects()
     report = compiled.report
     assert report.before.graphs == 13 and report.after.graphs == 1 and report.after.recompiles == 0
@@ -353,7 +337,7 @@ def test_longformer_capture_refused_item_declined_outputs_identical():
     ), ti.reason
     assert report.after.graphs == 4 and report.after.recompiles == 0
     mended = run(model, *args, **kwargs)
-    assert all(bits_equal(a, b) for a, b in zip(_tensors(eager.output), _tensors(mended.output)))
+    assert all(bits_equal(a, b) for a, b in zip(tensors(eager.output), tensors(mended.output)))
 
 
 # Graphs and recompiles after mending with where/defer/trap alone (measured before

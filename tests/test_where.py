@@ -8,7 +8,7 @@ import torch
 
 import branches as B
 import graphmend
-from effects_capture import CountingBackend
+from effects_capture import CountingBackend, bits_equal
 
 P, N = B.POSITIVE, B.NEGATIVE
 
@@ -18,12 +18,6 @@ def _restore():
     yield
     graphmend.unmend()
     torch._dynamo.reset()
-
-
-def bits_equal(a, b):
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def check_form(cls, inputs, graphs=1, **example):

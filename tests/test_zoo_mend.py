@@ -6,7 +6,7 @@ import torch
 
 import graphmend
 from conftest import has_transformers
-from effects_capture import CountingBackend, run
+from effects_capture import CountingBackend, run, tensors
 
 pytestmark = [
     pytest.mark.zoo,
@@ -23,18 +23,8 @@ def _restore():
     torch._dynamo.reset()
 
 
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
-    return []
-
-
 def _bitwise(a, b):
-    ta, tb = _tensors(a), _tensors(b)
+    ta, tb = tensors(a), tensors(b)
     return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
 
 
@@ -128,7 +118,7 @@ def test_fp16_rows_reach_one_graph_and_stay_exact(row, overflow):
     mended = run(compiled, *args, **kwargs)
     limit = float(torch.tensor(torch.finfo(torch.float16).max - 1000, dtype=torch.float16))
     assert (float(seen[0]) == limit) == overflow  # the clamp really ran (or really did not)
-    ta, tb = _tensors(eager.output), _tensors(mended.output)
+    ta, tb = tensors(eager.output), tensors(mended.output)
     assert len(ta) == len(tb)
     for x, y in zip(ta, tb):
         # Bit for bit, except NaN payloads: the counting backend's fp16 graph
