@@ -606,7 +606,8 @@ def _backup_path(path: str) -> str:
 def write_changes(report: FixReport, *, force: bool = False) -> None:
     """``--write``: the project's files, each atomically; refuses dirty files in git unless forced."""
     project = [c for c in report.changes if c.kind == "project"]
-    refused = [c.display for c in project if git_dirty(c.path) and not force]
+    dirty = {c.path: git_dirty(c.path) for c in project}  # asked once per file
+    refused = [c.display for c in project if dirty[c.path] and not force]
     if refused:
         raise GraphmendError(
             f"not writing {', '.join(refused)}: uncommitted changes in git (commit or stash them, or pass --force)"
@@ -617,7 +618,7 @@ def write_changes(report: FixReport, *, force: bool = False) -> None:
             current = fh.read()
         if current.decode(change.encoding) != change.old:
             raise GraphmendError(f"not writing {change.display}: it changed on disk while graphmend ran")
-        if git_dirty(change.path) is not False:  # outside git, or forced: keep the original beside it
+        if dirty[change.path] is not False:  # outside git, or forced: keep the original beside it
             backup = _backup_path(change.path)
             with open(backup, "wb") as fh:
                 fh.write(current)
