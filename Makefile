@@ -23,10 +23,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default;
-# FUZZ_ARGS="--programs N --seed S" to change. Failing programs go to build/fuzz-failures/.
+# Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default,
+# one worker process per core; FUZZ_ARGS="--programs N --seed S --jobs J" to change.
+# Failing programs go to build/fuzz-failures/, the summary to build/fuzz-summary.txt.
+FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 fuzz: $(STAMP)
-	$(PY) -m tests.fuzz $(FUZZ_ARGS)
+	$(PY) -m tests.fuzz --jobs $(FUZZ_JOBS) $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -89,3 +89,36 @@ def test_summary_counts_declines_by_reason():
     summary.add(Result("a", "checked", outcomes=[("DC", "where", "declined", "`h` is assigned on one path only (line 12)")]))
     summary.add(Result("b", "checked", outcomes=[("DC", "where", "declined", "`y` is assigned on one path only (line 7)")]))
     assert summary.declined == {"declined [where] `...` is assigned on one path only (line N)": 2}
+
+
+def test_worker_summaries_merge_into_one():
+    from fuzz.runner import Result
+
+    def one(digest, mismatch, rule):
+        result = Result(digest, "checked", mismatches=[mismatch] if mismatch else [], graphs=(3, 1))
+        result.outcomes = [("GB", rule, "applied", "ok"), ("GB", "where", "declined", "elif chains")]
+        return result
+
+    a, b = Summary(), Summary()
+    a.add(one("p1", None, "defer"))
+    b.add(one("p2", "eager, call 1: stdout differs", "trap"))
+    b.add(Result("p3", "invalid"))
+    a.merge(b)
+    assert (a.programs, a.checked, a.invalid) == (3, 2, 1)
+    assert (a.graphs_before, a.graphs_after) == (6, 2)
+    assert a.status[("defer", "applied")] == a.status[("trap", "applied")] == 1
+    assert a.status[("where", "declined")] == 2
+    assert a.mismatches == [("p2", ["eager, call 1: stdout differs"])]
+
+
+def test_inductor_text_numbers_compare_to_the_output_tolerance():
+    from fuzz.runner import _close
+    from graphmend.verify import Observation
+
+    eager = Observation(stdout="mean 0.6296598315\n", warnings=[("UserWarning", "h 30.8125", "f.py", 3)])
+    fused = Observation(stdout="mean 0.6296597719\n", warnings=[("UserWarning", "h 30.8127", "f.py", 3)])
+    assert _close(eager, fused) == []
+    clamped = Observation(stdout="mean 0.6296598315\n", warnings=[("UserWarning", "h 64512.", "f.py", 3)])
+    overflowed = Observation(stdout="mean 0.6296598315\n", warnings=[("UserWarning", "h 308199.2", "f.py", 3)])
+    assert [d.split(":")[0] for d in _close(clamped, overflowed)] == ["warnings"]
+    assert _close(Observation(stdout="a 1\n"), Observation(stdout="b 1\n")) != []

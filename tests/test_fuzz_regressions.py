@@ -171,35 +171,86 @@ def test_a_check_followed_by_a_nested_pure_helper_is_trapped():
 
 
 class WarnsOnAnotherPath(nn.Module):
+    def __init__(self, channel):
+        super().__init__()
+        self.channel = channel
+
     def forward(self, h):
         if h.sum() > 0:
-            warnings.warn(f"block {h.mean()}")
+            _emit(self.channel, f"block {h.mean()}")
         return h * 2
+
+
+def _emit(channel, text):
+    if channel == "print":
+        print(text)
+    elif channel == "log":
+        LOGGER.warning(text)
+    else:
+        warnings.warn(text)
 
 
 class CallerWarnsFirst(nn.Module):
     """Found by the fuzzer (seed 2): the callee's warning is on a path the
-    example did not take, so it is not deferred; the caller's is."""
+    example did not take, so it is not deferred; the caller's is, and the
+    callee's was emitted first."""
 
-    def __init__(self):
+    def __init__(self, channel="warn"):
         super().__init__()
-        self.block = WarnsOnAnotherPath()
+        self.block = WarnsOnAnotherPath(channel)
 
     def forward(self, x):
         warnings.warn(f"first {x.mean()}")
+        print(f"first {x.mean()}")
+        LOGGER.warning(f"first {x.mean()}")
         return self.block(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="[Defer] groups effects within one function only: a callee's un-deferred effect on an untaken "
-    "path is emitted before the caller's deferred one (open, issue 8)",
-)
-def test_a_callee_effect_on_a_path_not_taken_keeps_its_order():
-    model = CallerWarnsFirst()
+@pytest.mark.parametrize("channel", ["warn", "print", "log"])
+def test_a_callee_effect_on_a_path_not_taken_keeps_its_order(channel):
+    model = CallerWarnsFirst(channel)
     x = torch.tensor([1.0, 2.0])
     expected = run(copy.deepcopy(model), x)
     compiled = graphmend.compile(model, backend="eager", example_inputs=(-x,))
+    assert [o.rule for o in compiled.report.outcomes if o.status == "applied"] == ["defer"] * 3
     got = run(compiled, x)
-    assert [w[1] for w in expected.warnings] == ["first 1.5", "block 1.5"]
-    assert got.warnings == expected.warnings
+    emitted = {"warn": [w[1] for w in expected.warnings], "print": expected.stdout.splitlines(),
+               "log": [r[-1] for r in expected.records]}[channel]
+    assert emitted == ["first 1.5", "block 1.5"]
+    assert (got.stdout, got.records, got.warnings) == (expected.stdout, expected.records, expected.warnings)
+    again = run(compiled, x)  # no recompile: the watched streams are the same objects on every call
+    assert (again.stdout, again.records) == (expected.stdout, expected.records)
+
+
+class LoudBlock(nn.Module):
+    def forward(self, h):
+        if h.sum() > 100:
+            print("loud", h.sum())
+        return h
+
+
+class CheckThenLoudBlock(nn.Module):
+    """A trapped check, then a callee whose print the example did not reach:
+    eager raises before printing; so must the mended program."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = LoudBlock()
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return self.block(x)
+
+
+def test_a_set_trap_raises_before_an_effect_that_was_not_deferred():
+    model = CheckThenLoudBlock()
+    bad = torch.tensor([-1.0, 500.0])
+    expected = run(copy.deepcopy(model), bad)
+    assert expected.exception == ("ValueError", "negative input") and expected.stdout == ""
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2),))
+    assert ("trap", "applied") in [(o.rule, o.status) for o in compiled.report.outcomes], compiled.report.outcomes
+    got = run(compiled, bad)
+    assert (got.exception, got.stdout) == (expected.exception, expected.stdout)
+    fine = torch.tensor([1.0, 500.0])
+    assert run(compiled, fine).stdout == run(copy.deepcopy(model), fine).stdout == "loud tensor(501.)\n"

@@ -16,6 +16,16 @@ Dynamo traces these functions: the record is a list append whose tensors
 become graph outputs, so the compiled region has no break. Regions are
 serialised by one process-wide lock: records of two threads can never mix.
 
+**Effects that were not deferred.** A print, warning or log call that no
+rule rewrote (a callee's, on a path the example inputs did not take; a
+library's) runs at once. Deferred output must never be overtaken by it, so
+while a region is open graphmend watches the three channels such effects go
+through (``sys.stdout`` / ``sys.stderr``, ``warnings._showwarnmsg`` and the
+log record factory): on the region's thread, the first write, shown warning or
+created log record performs the records made so far (a set trap among them
+raises there, before the effect, as the eager code would have) and then lets
+the effect through. Writes that bypass Python (a C extension's) are not seen.
+
 **Sites.** Each call carries ``site = (module_name, line, function)`` of the
 original statement, so that a replayed warning or log record reports the
 original file, line and function.
@@ -43,6 +53,8 @@ class _State:
     sink: list | None = None
     owner: int | None = None
     depth: int = 0
+    done: int = 0  # records of ``sink`` already performed (before an effect that was not deferred)
+    flushing: bool = False
 
 
 _STATE = _State()
@@ -75,7 +87,9 @@ def region() -> Iterator[None]:
     if outermost:
         _refresh_levels()
         _STATE.sink = []
+        _STATE.done = 0
         _STATE.owner = threading.get_ident()
+        _watch()
     _STATE.depth += 1
     try:
         yield
@@ -83,7 +97,8 @@ def region() -> Iterator[None]:
         _STATE.depth -= 1
         records: list = []
         if outermost:
-            records = _STATE.sink or []
+            _unwatch()
+            records = (_STATE.sink or [])[_STATE.done:]
             _STATE.sink = None
             _STATE.owner = None
         try:
@@ -91,6 +106,98 @@ def region() -> Iterator[None]:
                 flush(records)
         finally:
             _LOCK.release()
+
+
+# --------------------------------------------------------------------------
+# effects that were not deferred: perform the records first
+
+
+@torch.compiler.disable
+def _before_effect() -> None:
+    """An effect that was not deferred is about to happen: perform the records so far."""
+    sink = _STATE.sink
+    if sink is None or _STATE.flushing or _STATE.done >= len(sink) or _STATE.owner != threading.get_ident():
+        return
+    records = sink[_STATE.done:]
+    _STATE.done = len(sink)  # a set trap raises below: what follows it is never performed
+    _STATE.flushing = True
+    try:
+        flush(records)
+    finally:
+        _STATE.flushing = False
+
+
+class _Stream:
+    """``sys.stdout`` / ``sys.stderr`` while a region is open: a write performs
+    the records made so far first. Everything else is the stream's own."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @torch.compiler.disable
+    def write(self, text: str) -> int:
+        _before_effect()
+        return self._inner.write(text)
+
+    @torch.compiler.disable
+    def writelines(self, lines: Any) -> None:
+        _before_effect()
+        self._inner.writelines(lines)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Watch:
+    """What ``_watch`` replaced, to put back; one proxy per stream is kept, so
+    code that reads ``sys.stdout`` sees the same object on every call."""
+
+    streams: dict[str, _Stream] = {}
+    saved: dict[str, Any] = {}
+
+
+def _showwarnmsg(msg: Any) -> None:
+    _before_effect()
+    _Watch.saved["showwarnmsg"](msg)
+
+
+def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    _before_effect()
+    return _Watch.saved["factory"](*args, **kwargs)
+
+
+def _watch() -> None:
+    saved = _Watch.saved
+    saved.clear()
+    for name in ("stdout", "stderr"):
+        inner = getattr(sys, name)
+        if inner is None or isinstance(inner, _Stream):
+            continue
+        proxy = _Watch.streams.get(name)
+        if proxy is None or proxy._inner is not inner:
+            proxy = _Watch.streams[name] = _Stream(inner)
+        saved[name] = inner
+        setattr(sys, name, proxy)
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is not None and show is not _showwarnmsg:
+        saved["showwarnmsg"] = show
+        warnings._showwarnmsg = _showwarnmsg  # type: ignore[attr-defined]
+    factory = logging.getLogRecordFactory()
+    if factory is not _record_factory:
+        saved["factory"] = factory
+        logging.setLogRecordFactory(_record_factory)
+
+
+def _unwatch() -> None:
+    """Put back what ``_watch`` replaced, unless the user's code replaced it since."""
+    saved = _Watch.saved
+    for name in ("stdout", "stderr"):
+        if name in saved and getattr(sys, name) is _Watch.streams.get(name):
+            setattr(sys, name, saved[name])
+    if "showwarnmsg" in saved and getattr(warnings, "_showwarnmsg", None) is _showwarnmsg:
+        warnings._showwarnmsg = saved["showwarnmsg"]  # type: ignore[attr-defined]
+    if "factory" in saved and logging.getLogRecordFactory() is _record_factory:
+        logging.setLogRecordFactory(saved["factory"])
 
 
 def active() -> bool:

@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         for patch in mending.patches:
             print(patch.source)
     graphmend.unmend()
-    result = check_program(program, seed=seed, start=start, grad=grad, aot=params.get("aot") != "False")
+    result = check_program(
+        program, seed=seed, start=start, grad=grad, aot=params.get("aot") != "False",
+        inductor=params.get("inductor") == "True",
+    )
     print(result.status, result.detail)
     for line in result.mismatches:
         print("MISMATCH", line)

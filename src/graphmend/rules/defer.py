@@ -48,8 +48,10 @@ Arguments are evaluated where they were; only the I/O moves. Tensors are
 copied at the call; lists, tuples and dicts are copied shallowly, other
 objects are kept by reference (an object printed and then mutated in the same
 forward prints its later state; verification catches this on the example
-inputs). Effects happen after the compiled call, so output of code that is
-not deferred (a C extension writing to stdout) can interleave differently.
+inputs). An effect that was not deferred (another function's, on a path the
+example did not take) makes the runtime perform the pending records first, so
+it never overtakes them; output written outside Python (a C extension's) is
+not seen and can interleave differently.
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
 - a message argument could raise or act when evaluated on every call;
 - state changes follow the check in the forward (stores to attributes,
   in-place ops, cache updates, modules whose code does either): the original
-  would have stopped before them, the compiled graph would not.
+  would have stopped before them, the compiled graph would not. A print to
+  stdout / stderr, ``warnings.warn`` or a call on a known logger is not one:
+  the runtime performs pending records, and so raises a set trap, before any
+  such effect that was not deferred.
 
 ## Fix safety
 On CPU the exception, its message and the effects before it are exact. The
@@ -56,7 +59,7 @@ import copy
 from typing import Any, Iterator
 
 from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
-from ..sites import is_side_effect_call
+from ..sites import LOG_METHODS, is_side_effect_call
 from ..source import definition_of, first_line, module_namespace, parse_file
 from . import Decline, Rule, RewriteContext, register
 from ._predicate import check_lowerable, has_boolops, lower
@@ -270,6 +273,8 @@ class Trap(Rule):
                 if isinstance(func, ast.Attribute) and _root(func) == "__graphmend_rt__":
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
+                    if _watched_effect(sub, namespace):
+                        continue  # the runtime performs the records (a set trap raises) before it
                     return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
                 if isinstance(func, ast.Attribute):
                     attr = func.attr
@@ -634,4 +639,38 @@ def _runs(cls: type, name: str, line: int, filename: str) -> bool:
         except OSError:
             if code.co_filename == filename:
                 return True
+    return False
+
+
+def _watched_effect(call: ast.Call, namespace: dict) -> bool:
+    """A print to stdout / stderr, a ``warnings.warn``, or a call on a logger
+    known now: while a region is open, the runtime performs the records made
+    before it first (a set trap raises there, before the effect), as the
+    original would have stopped at the check (runtime module doc)."""
+    import logging
+    import sys
+    import warnings
+
+    func = call.func
+    if isinstance(func, ast.Name) and func.id == "print":
+        if namespace.get("print", builtins.print) is not builtins.print:
+            return False
+        file = next((k.value for k in call.keywords if k.arg == "file"), None)
+        if any(k.arg is None for k in call.keywords):
+            return False
+        return file is None or (
+            isinstance(file, ast.Attribute) and file.attr in ("stdout", "stderr")
+            and isinstance(file.value, ast.Name) and namespace.get(file.value.id) is sys
+        )
+    if isinstance(func, ast.Name):
+        return namespace.get(func.id) in (warnings.warn, warnings.warn_explicit)
+    if not isinstance(func, ast.Attribute):
+        return False
+    if isinstance(func.value, ast.Name):
+        receiver = namespace.get(func.value.id)
+        if receiver is warnings and func.attr in ("warn", "warn_explicit"):
+            return True
+        if receiver is logging and func.attr == "getLogger":
+            return True  # not an effect
+        return isinstance(receiver, logging.Logger) and func.attr in LOG_METHODS
     return False
