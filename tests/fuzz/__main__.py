@@ -2,11 +2,14 @@
 
 ``--jobs N`` splits the programs over N worker processes (worker k draws its
 programs with hypothesis seed ``seed * 1000 + k``); the parent merges their
-summaries as they go and writes the combined one."""
+summaries as they go and writes the combined one. ``--resume`` continues an
+interrupted run with the same arguments and the same code (graphmend and the
+fuzzer, hashed): the programs already checked are drawn again, not rechecked."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pickle
 import subprocess
@@ -27,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failures", default="build/fuzz-failures", help="folder for failing programs")
     parser.add_argument("--progress-every", type=int, default=100)
     parser.add_argument("--summary", default="build/fuzz-summary.txt", help="the summary so far, rewritten at each progress line")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run (same arguments and code)")
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # k/N: one worker of --jobs N
     parser.add_argument("--state", default=None, help=argparse.SUPPRESS)  # where a worker pickles its summary
     args = parser.parse_args(argv)
@@ -37,10 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.part is not None:
         k, _ = (int(v) for v in args.part.split("/"))
         seed = args.seed * 1000 + k
+    worker = args.part is not None
+    state = args.state or (os.path.join(_parts(args), "single.pkl") if args.resume else None)
+    key = _key(args, seed)
+    resume = _load(state, key) if args.resume and state else None
+    if resume is not None and not worker:
+        print(f"[fuzz] resuming after {resume.programs} programs", flush=True)
 
     def progress(summary: Summary) -> None:
-        if args.state:
-            _dump(summary, args.state)
+        if state:
+            _dump(summary, state, key)
+        if worker:
             return
         _write(summary, args.summary)
         print(
@@ -57,30 +68,31 @@ def main(argv: list[str] | None = None) -> int:
         max_statements=args.max_statements,
         failures=args.failures,
         progress=progress,
-        progress_every=args.progress_every if not args.state else 5,
+        progress_every=5 if worker else args.progress_every,
+        resume=resume,
     )
-    if args.state:
-        _dump(summary, args.state)
+    if state:
+        _dump(summary, state, key)
+    if worker:
         return 0
     return _finish(summary, args)
 
 
 def _parallel(args: argparse.Namespace) -> int:
-    parts = os.path.join(os.path.dirname(args.summary) or ".", "fuzz-parts")
-    os.makedirs(parts, exist_ok=True)
+    parts = _parts(args)
     workers = []
     for k in range(args.jobs):
         count = args.programs // args.jobs + (k < args.programs % args.jobs)
-        state = os.path.join(parts, f"part-{k}.pkl")
-        if os.path.exists(state):
+        state = os.path.join(parts, f"part-{k}-of-{args.jobs}.pkl")
+        if os.path.exists(state) and not args.resume:
             os.remove(state)
         command = [
             sys.executable, "-m", "tests.fuzz", "--part", f"{k}/{args.jobs}", "--state", state,
             "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
             "--inductor-every", str(args.inductor_every), "--max-statements", str(args.max_statements),
-            "--failures", args.failures,
+            "--failures", args.failures, *(["--resume"] if args.resume else []),
         ]
-        log = open(os.path.join(parts, f"part-{k}.log"), "w")
+        log = open(os.path.join(parts, f"part-{k}-of-{args.jobs}.log"), "a" if args.resume else "w")
         workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), state, log))
     began = time.perf_counter()
     printed = 0
@@ -110,19 +122,51 @@ def _parallel(args: argparse.Namespace) -> int:
 def _merged(states: list[str], seconds: float) -> Summary:
     total = Summary()
     for state in states:
-        try:
-            with open(state, "rb") as fh:
-                total.merge(pickle.load(fh))
-        except (OSError, EOFError, pickle.UnpicklingError):
-            continue  # not written yet, or being rewritten
-    total.seconds = seconds
+        part = _load(state, None)
+        if part is not None:  # None: not written yet
+            total.merge(part)
+    total.seconds = max(seconds, total.seconds)  # wall time; a resumed worker's own time counts from before
     return total
 
 
-def _dump(summary: Summary, path: str) -> None:
+def _parts(args: argparse.Namespace) -> str:
+    parts = os.path.join(os.path.dirname(args.summary) or ".", "fuzz-parts")
+    os.makedirs(parts, exist_ok=True)
+    return parts
+
+
+def _key(args: argparse.Namespace, seed: int) -> str:
+    """What a saved state must match to be resumed: the arguments and the code."""
+    digest = hashlib.sha256(repr((seed, args.programs, args.grad_every, args.inductor_every, args.max_statements)).encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    import graphmend
+
+    folders = [here, os.path.dirname(graphmend.__file__)]
+    for folder in folders:
+        for root, _, files in sorted(os.walk(folder)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    with open(os.path.join(root, name), "rb") as fh:
+                        digest.update(fh.read())
+    with open(os.path.join(os.path.dirname(here), "effects_capture.py"), "rb") as fh:
+        digest.update(fh.read())
+    return digest.hexdigest()
+
+
+def _load(path: str | None, key: str | None) -> Summary | None:
+    """The summary saved at ``path`` (any key when ``key`` is None), else None."""
+    try:
+        with open(path, "rb") as fh:  # type: ignore[arg-type]
+            saved_key, summary = pickle.load(fh)
+    except (OSError, EOFError, TypeError, ValueError, pickle.UnpicklingError):
+        return None
+    return summary if key is None or saved_key == key else None
+
+
+def _dump(summary: Summary, path: str, key: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as fh:
-        pickle.dump(summary, fh)
+        pickle.dump((key, summary), fh)
     os.replace(tmp, path)
 
 

@@ -523,12 +523,15 @@ def run_many(
     failures: str | None = None,
     progress: Callable[[Summary], None] | None = None,
     progress_every: int = 50,
+    resume: Summary | None = None,
 ) -> Summary:
     """Check ``count`` generated programs; ``seed=None`` derandomizes (CI).
 
     Hypothesis draws the programs (generate phase only: every program is
     checked and recorded, none is shrunk); mismatches are collected, not
-    raised, and written to ``failures`` when given."""
+    raised, and written to ``failures`` when given. ``resume``: the summary
+    of an interrupted run with the same arguments; its programs are drawn
+    again (the draw is deterministic for a seed) but not checked."""
     import time
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -537,12 +540,13 @@ def run_many(
 
     from .generator import programs
 
-    summary = Summary()
+    summary = resume or Summary()
+    skip = [summary.programs]
     folder = tempfile.mkdtemp(prefix="graphmend-fuzz-")
-    began = time.perf_counter()
+    began = time.perf_counter() - summary.seconds
 
     @settings(
-        max_examples=count,
+        max_examples=count,  # resumed programs are drawn again: they count
         database=None,
         deadline=None,
         derandomize=seed is None,
@@ -551,6 +555,9 @@ def run_many(
     )
     @given(programs(max_statements=max_statements), st.integers(0, 2**16), st.integers(0, 7))
     def one(program: Program, input_seed: int, start: int) -> None:
+        if skip[0] > 0:  # checked before the run was interrupted
+            skip[0] -= 1
+            return
         index = summary.programs
         params = {
             "seed": input_seed,
