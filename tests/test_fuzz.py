@@ -11,7 +11,8 @@ import graphmend
 from fuzz.generator import programs
 from fuzz.runner import Summary, check_program, run_many
 
-CI_PROGRAMS = int(os.environ.get("GRAPHMEND_FUZZ_CI", "40"))
+CI_PROGRAMS = int(os.environ.get("GRAPHMEND_FUZZ_CI", "200"))
+CI_JOBS = max(1, min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +22,20 @@ def _restore():
     torch._dynamo.reset()
 
 
-def test_generated_programs_behave_identically_when_mended():
-    summary = run_many(CI_PROGRAMS, seed=None, grad_every=4, aot_every=2, max_statements=4)
+def test_generated_programs_behave_identically_when_mended(tmp_path):
+    """CI mode: a few hundred small programs over one worker process per core
+    (at most two), fixed seeds; ``make fuzz`` is the long mode."""
+    from fuzz.__main__ import parse, run_parallel
+
+    args = parse([
+        "--programs", str(CI_PROGRAMS), "--seed", "0", "--jobs", str(CI_JOBS), "--max-statements", "4",
+        "--grad-every", "4", "--aot-every", "2", "--inductor-every", "0",
+        "--summary", str(tmp_path / "summary.txt"), "--failures", str(tmp_path / "failures"),
+    ])
+    summary = run_parallel(args) if CI_JOBS > 1 else run_many(
+        CI_PROGRAMS, seed=0, grad_every=4, aot_every=2, inductor_every=0, max_statements=4
+    )
+    assert summary is not None, (tmp_path / "fuzz-parts").glob("*.log")
     text = summary.render()
     print(text)  # pytest -s shows the CI summary
     assert summary.programs == CI_PROGRAMS, text

@@ -19,13 +19,14 @@ import time
 from .runner import Summary, run_many
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
     parser.add_argument("--programs", type=int, default=5000, help="programs to generate and check (default 5000)")
     parser.add_argument("--seed", type=int, default=1, help="hypothesis seed (default 1)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--grad-every", type=int, default=3, help="check gradients on every Nth program (0: never)")
     parser.add_argument("--inductor-every", type=int, default=50, help="add an Inductor arm on every Nth program (0: never)")
+    parser.add_argument("--aot-every", type=int, default=1, help="add the aot_eager arm on every Nth program (0: never)")
     parser.add_argument("--max-statements", type=int, default=8, help="top-level statements per forward (at most)")
     parser.add_argument("--failures", default="build/fuzz-failures", help="folder for failing programs")
     parser.add_argument("--progress-every", type=int, default=100)
@@ -33,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run (same arguments and code)")
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # k/N: one worker of --jobs N
     parser.add_argument("--state", default=None, help=argparse.SUPPRESS)  # where a worker pickles its summary
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.jobs > 1 and args.part is None:
         return _parallel(args)
 
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=seed,
         grad_every=args.grad_every,
         inductor_every=args.inductor_every,
+        aot_every=args.aot_every,
         max_statements=args.max_statements,
         failures=args.failures,
         progress=progress,
@@ -79,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parallel(args: argparse.Namespace) -> int:
+    summary = run_parallel(args)
+    return 2 if summary is None else _finish(summary, args)
+
+
+def run_parallel(args: argparse.Namespace) -> Summary | None:
+    """Run ``args.jobs`` workers to the end; their merged summary, or None if one failed."""
     parts = _parts(args)
     workers = []
     for k in range(args.jobs):
@@ -89,11 +101,13 @@ def _parallel(args: argparse.Namespace) -> int:
         command = [
             sys.executable, "-m", "tests.fuzz", "--part", f"{k}/{args.jobs}", "--state", state,
             "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
-            "--inductor-every", str(args.inductor_every), "--max-statements", str(args.max_statements),
+            "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
+            "--max-statements", str(args.max_statements),
             "--failures", args.failures, *(["--resume"] if args.resume else []),
         ]
         log = open(os.path.join(parts, f"part-{k}-of-{args.jobs}.log"), "a" if args.resume else "w")
-        workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), state, log))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root), state, log))
     began = time.perf_counter()
     printed = 0
     while True:
@@ -114,9 +128,9 @@ def _parallel(args: argparse.Namespace) -> int:
         log.close()
     failed = [k for k, (p, _, _) in enumerate(workers) if p.returncode != 0]
     if failed:
-        print(f"worker(s) {failed} failed: see {parts}/part-<k>.log", file=sys.stderr)
-        return 2
-    return _finish(summary, args)
+        print(f"worker(s) {failed} failed: see {parts}/part-<k>-of-{args.jobs}.log", file=sys.stderr)
+        return None
+    return summary
 
 
 def _merged(states: list[str], seconds: float) -> Summary:
