@@ -254,3 +254,41 @@ def test_a_set_trap_raises_before_an_effect_that_was_not_deferred():
     assert (got.exception, got.stdout) == (expected.exception, expected.stdout)
     fine = torch.tensor([1.0, 500.0])
     assert run(compiled, fine).stdout == run(copy.deepcopy(model), fine).stdout == "loud tensor(501.)\n"
+
+
+def test_a_check_reported_without_its_callers_still_sees_their_state_changes():
+    from fixtures.trap_callers import UpdatesAfterBlocks
+
+    model = UpdatesAfterBlocks()
+    example = torch.ones(2, 4)
+    sites = graphmend.explain(copy.deepcopy(model), example).sites
+    assert [len(s.frames) for s in sites] == [3, 1]  # Dynamo's report: the second without callers
+    bad = example.clone()
+    bad[0, 1] = float("inf")
+    eager, mended = copy.deepcopy(model), copy.deepcopy(model)
+    expected = run(eager, bad)  # before mending: mending patches the class's functions
+    report = graphmend.mend(mended, example)
+    traps = [(o.status, o.reason) for o in report.outcomes if o.rule == "trap"]
+    assert [status for status, _ in traps] == ["declined", "declined"], traps
+    assert all("self.buf.copy_" in reason for _, reason in traps), traps
+    got = run(lambda t: _in_region(mended, t), bad)
+    assert expected.exception == ("AssertionError", "value out of range")
+    assert got.exception == expected.exception
+    assert torch.equal(mended.buf, eager.buf) and not eager.buf.any()
+
+
+def test_callers_unknown_declines_the_check():
+    from fixtures.trap_callers import Block, UpdatesAfterBlocks
+    from graphmend.chains import complete
+    from graphmend.discovery import Frame
+
+    import fixtures.trap_callers as fixture
+
+    here = fixture.__file__
+    line = Block._helper.__code__.co_firstlineno + 3  # the assert
+    alone = (Frame(here, line, "_helper", ""),)
+    forward = UpdatesAfterBlocks.forward.__code__.co_firstlineno
+    entry = {(here, forward)}
+    assert complete(alone, [], entry) == []  # nobody seen calling it: the rule must decline
+    via = (Frame(here, forward + 3, "forward", ""), Frame(here, line - 2, "_helper", ""))
+    assert complete(alone, [via], entry) == [via[:1] + alone]

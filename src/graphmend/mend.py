@@ -32,6 +32,7 @@ import torch
 
 from . import engine, runtime
 from .capture import Capture, Trial, decide, removed_sites
+from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import trace_breaks
 from .rules import Decline, load_rules
@@ -170,9 +171,14 @@ def _apply_round(
     outcomes: dict[tuple[str, int], SiteOutcome],
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
+    observed: list[tuple[Any, ...]] = (),
 ) -> int:
-    """Rewrite the functions holding ``sites``; returns how many sites were applied."""
+    """Rewrite the functions holding ``sites``; returns how many sites were applied.
+
+    ``observed``: every frame chain seen so far, to complete the chains of
+    breaks reported from a frame compiled on its own (chains.py)."""
     rules = load_rules()
+    entries = entry_keys(model)
     by_function: dict[int, tuple[engine.Located, list[tuple[BreakSite, engine.SiteRewrite]]]] = {}
     for site in sites:
         rule = rules.get(site.rule or "")
@@ -191,7 +197,8 @@ def _apply_round(
             outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", site.rule)
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
-        entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule, frames=list(site.frames))))
+        chains = complete(site.frames, observed, entries)
+        entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule, frames=list(site.frames), chains=chains)))
     applied = 0
     for located, pairs in by_function.values():
         node = engine.rewrite(located, [r for _, r in pairs], model)
@@ -275,6 +282,7 @@ def _mend_target(
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
     current = before
+    observed: list[tuple[Any, ...]] = []  # frame chains of every break seen (chains.py)
     rounds = 0
     for _ in range(max_rounds):
         # Rounds trace without capture: a source rewrite beats a captured host read.
@@ -284,7 +292,8 @@ def _mend_target(
         rounds += 1
         snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
         codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
-        applied = _apply_round(target.model, pending, rules, outcomes, mending, groups)
+        observed += [s.frames for s in current.sites if s.frames]
+        applied = _apply_round(target.model, pending, rules, outcomes, mending, groups, observed)
         if applied == 0:
             break
         try:

@@ -215,11 +215,19 @@ class Trap(Rule):
         reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
         if reason:
             return reason
-        # The callers' code after the call that led here runs too.
-        for frame in ctx.frames[:-1]:
-            reason = self._caller_continuation(frame, ctx)
-            if reason:
-                return reason
+        # The callers' code after the call that led here runs too: on every
+        # path from the model's entry that Dynamo showed reaching this function.
+        if not ctx.chains:
+            return (
+                f"the callers of `{ctx.fdef.name}` are not known (Dynamo compiled it as a frame of its own "
+                "after an earlier break, and no observed break shows who calls it), so their code after the call "
+                "cannot be checked"
+            )
+        for chain in ctx.chains:
+            for frame in chain[:-1]:
+                reason = self._caller_continuation(frame, ctx)
+                if reason:
+                    return reason
         return None
 
     def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:

@@ -1,0 +1,80 @@
+"""Complete a break's frame chain up to the model's entry.
+
+Dynamo reports a break with the user frames *of the frame it was compiling*.
+After an earlier break in a caller, the callee runs (and is compiled) as a
+frame of its own, or resumes as ``torch_dynamo_resume_in_<fn>_at_<line>``:
+its breaks then name only the callee, not the callers whose code runs after
+it returns. A rule that must reason about everything that runs after a site
+([Trap]: no state change may run before a deferred raise) needs those
+callers. They are taken from the other chains observed in the same run (the
+first break in a function is usually reported from the entry down); when no
+observed chain leads from the entry to the function, the callers are unknown
+and the rule declines.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from .source import definition_of, parse_file
+
+Key = tuple[str, int]  # (file, line of the innermost enclosing def)
+
+
+def def_key(frame: Any) -> Key | None:
+    """The function a frame is in: its file and the line of its ``def``."""
+    parsed = parse_file(frame.file)
+    if parsed is None:
+        return None
+    from .engine import _defs_containing
+
+    defs = _defs_containing(parsed.tree, frame.line)
+    return (frame.file, defs[0].lineno) if defs else None
+
+
+def entry_keys(model: Any) -> set[Key]:
+    """The functions a compiled call of ``model`` starts in: its ``forward``
+    (a module) or itself (a function), and whatever they wrap."""
+    import torch
+
+    fn = type(model).forward if isinstance(model, torch.nn.Module) else model
+    keys: set[Key] = set()
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            node = definition_of(code)
+            if node is not None:
+                keys.add((code.co_filename, node.lineno))
+        fn = getattr(fn, "__wrapped__", None)
+    return keys
+
+
+def complete(frames: Sequence[Any], observed: Iterable[Sequence[Any]], entries: set[Key]) -> list[tuple[Any, ...]]:
+    """Chains from the entry to the site: ``frames`` when it starts at an entry,
+    otherwise ``frames`` behind every observed entry chain that reaches its
+    first function (one per distinct caller path); ``[]`` when none is known.
+
+    Without known entries (``entries`` empty), ``frames`` is taken as it is."""
+    if not frames:
+        return []
+    frames = tuple(frames)
+    if not entries:
+        return [frames]
+    head = def_key(frames[0])
+    if head in entries:
+        return [frames]
+    out: dict[tuple[tuple[str, int], ...], tuple[Any, ...]] = {}
+    for chain in observed:
+        if not chain or def_key(chain[0]) not in entries:
+            continue
+        for i, frame in enumerate(chain):
+            if def_key(frame) == head:
+                prefix = tuple(chain[:i])
+                out.setdefault(tuple((f.file, f.line) for f in prefix), prefix + frames)
+                break
+    return list(out.values())
+
+
+__all__ = ["complete", "def_key", "entry_keys"]
