@@ -292,3 +292,21 @@ def test_callers_unknown_declines_the_check():
     assert complete(alone, [], entry) == []  # nobody seen calling it: the rule must decline
     via = (Frame(here, forward + 3, "forward", ""), Frame(here, line - 2, "_helper", ""))
     assert complete(alone, [via], entry) == [via[:1] + alone]
+
+
+def test_breaks_revealed_by_a_kept_capture_flag_are_mended_too():
+    from fixtures.capture_reveals import Model
+    from fuzz.runner import CountingBackend, inputs_for
+
+    xs = inputs_for(76)
+    model = Model()
+    eager = copy.deepcopy(model)
+    expected = [run(eager, x.clone()) for x in xs]
+    compiled = graphmend.compile(copy.deepcopy(model), backend=CountingBackend(), example_inputs=(xs[7].clone(),))
+    got = [run(compiled, x.clone()) for x in xs]
+    report = compiled.report
+    assert report.capture.flags == ("capture_dynamic_output_shape_ops",)
+    warn_lines = sorted(o.line for o in report.outcomes if o.rule == "defer" and "warn" in o.code)
+    assert len(warn_lines) == 2 and all(o.status == "applied" for o in report.outcomes if o.line in warn_lines)
+    assert [[w[3] for w in g.warnings] for g in got] == [[w[3] for w in e.warnings] for e in expected]
+    assert [g.stdout for g in got] == [e.stdout for e in expected]

@@ -11,6 +11,8 @@ The pipeline, top to bottom (``mend_target``)::
     with [scalar] enabled, measure capture once on the mended code (capture.py):
         scalar / dynamic-output capture kept only if it helps; [scalar]
         rewrites reverted if the result is still worse than the original
+    with a flag kept, more rounds traced with it (not [trap]): a frame
+        Dynamo skipped before can compile now and show breaks it hid
     verify: observe mended (eager, inside a region) and compare
         on a difference: revert, then keep only the functions that verify alone
 
@@ -281,33 +283,23 @@ def _mend_target(
     before = explain_target(target, grad=grad)
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
-    current = before
     observed: list[tuple[Any, ...]] = []  # frame chains of every break seen (chains.py)
-    rounds = 0
-    for _ in range(max_rounds):
-        # Rounds trace without capture: a source rewrite beats a captured host read.
-        pending = [s for s in current.sites if _key(s) not in outcomes]
-        if not pending:
-            break
-        rounds += 1
-        snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
-        codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
-        observed += [s.frames for s in current.sites if s.frames]
-        applied = _apply_round(target.model, pending, rules, outcomes, mending, groups, observed)
-        if applied == 0:
-            break
-        try:
-            current = _retrace(target, grad)
-        except Exception as exc:  # the mended code does not compile: undo this round
-            _undo_round(mending, snapshot, codes, groups, outcomes, exc)
-            current = _retrace(target, grad)
-            break
+    # Rounds trace without capture: a source rewrite beats a captured host read.
+    current, rounds = _rounds(target, before, rules, outcomes, mending, groups, observed, grad, max_rounds)
     # Then, once, capture for what is left (capture.py), measured on the mended code.
     capture_on = CAPTURE_RULE in rules
     plain, (current, capture) = current, _with_capture(target, grad, current, capture_on, outcomes)
     if _worse(current, before) and _revert_rule(mending, groups, outcomes, CAPTURE_RULE, current, before):
         plain = _retrace(target, grad)
         current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
+    if capture.flags:
+        # A frame Dynamo skipped before (a break in a loop) can compile now and
+        # show breaks it hid: mend those too, traced with the kept flags. Not
+        # [Trap]: a captured conversion that raises in the flag's graph would
+        # lose the check's exception (_with_capture).
+        later = tuple(r for r in rules if r != "trap")
+        current, more = _rounds(target, current, later, outcomes, mending, groups, observed, grad, max_rounds, capture.flags)
+        rounds += more
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -339,6 +331,41 @@ def _mend_target(
         capture=capture,
     )
     return report, mending
+
+
+def _rounds(
+    target: Target,
+    current: ExplainReport,
+    rules: tuple[str, ...],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    observed: list[tuple[Any, ...]],
+    grad: bool,
+    max_rounds: int,
+    flags: tuple[str, ...] = (),
+) -> tuple[ExplainReport, int]:
+    """Rewrite the sites of ``current`` not decided yet, retrace (with the
+    capture ``flags``), repeat while rewrites apply; (last report, rounds run)."""
+    rounds = 0
+    for _ in range(max_rounds):
+        pending = [s for s in current.sites if _key(s) not in outcomes]
+        if not pending:
+            break
+        rounds += 1
+        snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
+        codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
+        observed += [s.frames for s in current.sites if s.frames]
+        applied = _apply_round(target.model, pending, rules, outcomes, mending, groups, observed)
+        if applied == 0:
+            break
+        try:
+            current = _retrace(target, grad, flags)
+        except Exception as exc:  # the mended code does not compile: undo this round
+            _undo_round(mending, snapshot, codes, groups, outcomes, exc)
+            current = _retrace(target, grad, flags)
+            break
+    return current, rounds
 
 
 def _prefill_memos(target: Target, grad: bool, names: set[str], outcomes: dict[tuple[str, int], SiteOutcome]) -> None:
@@ -436,8 +463,11 @@ def _with_capture(
     return best.report, capture
 
 
-def _retrace(target: Target, grad: bool) -> ExplainReport:
-    return _trial(target, grad, ()).report
+def _retrace(target: Target, grad: bool, flags: tuple[str, ...] = ()) -> ExplainReport:
+    trial = _trial(target, grad, flags)
+    if trial.report is None:  # only with flags: a tracing error is recorded, not raised
+        raise RuntimeError(trial.error)
+    return trial.report
 
 
 def _worse(after: ExplainReport, before: ExplainReport) -> bool:
