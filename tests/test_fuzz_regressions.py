@@ -310,3 +310,20 @@ def test_breaks_revealed_by_a_kept_capture_flag_are_mended_too():
     assert len(warn_lines) == 2 and all(o.status == "applied" for o in report.outcomes if o.line in warn_lines)
     assert [[w[3] for w in g.warnings] for g in got] == [[w[3] for w in e.warnings] for e in expected]
     assert [g.stdout for g in got] == [e.stdout for e in expected]
+
+
+def test_a_set_trap_raises_before_a_model_effect_but_not_inside_the_compiler():
+    """Found by the fuzzer (seed 4): AOTAutograd warned while compiling a later
+    frame, the watch performed the pending records, and the set trap raised
+    inside the compiler (InternalTorchDynamoError instead of the check's error)."""
+    rt = graphmend.runtime
+    site = ("graphmend.tests", 1, "forward")
+    with warnings.catch_warnings(record=True) as shown, pytest.raises(ValueError, match="bad values"):
+        warnings.simplefilter("always")
+        with rt.region():
+            rt.trap(site, torch.tensor(True), ValueError, ("bad values",))
+            with torch.compiler._compile_session_context():  # what Dynamo holds while it compiles
+                warnings.warn("torch's own, while compiling")
+            assert [str(w.message) for w in shown] == ["torch's own, while compiling"]
+            warnings.warn("the model's, after the check")  # eager would have raised before it
+    assert [str(w.message) for w in shown] == ["torch's own, while compiling"]

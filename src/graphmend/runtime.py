@@ -24,7 +24,8 @@ through (``sys.stdout`` / ``sys.stderr``, ``warnings._showwarnmsg`` and the
 log record factory): on the region's thread, the first write, shown warning or
 created log record performs the records made so far (a set trap among them
 raises there, before the effect, as the eager code would have) and then lets
-the effect through. Writes that bypass Python (a C extension's) are not seen.
+the effect through. Writes that bypass Python (a C extension's) are not seen,
+nor are torch's own warnings and logs while it compiles.
 
 **Sites.** Each call carries ``site = (module_name, line, function)`` of the
 original statement, so that a replayed warning or log record reports the
@@ -114,9 +115,15 @@ def region() -> Iterator[None]:
 
 @torch.compiler.disable
 def _before_effect() -> None:
-    """An effect that was not deferred is about to happen: perform the records so far."""
+    """An effect that was not deferred is about to happen: perform the records so far.
+
+    Not while torch compiles: user code does not run then (Dynamo traces it),
+    so a warning or log record is torch's own, and a set trap must not raise
+    inside the compiler."""
     sink = _STATE.sink
     if sink is None or _STATE.flushing or _STATE.done >= len(sink) or _STATE.owner != threading.get_ident():
+        return
+    if torch.compiler.is_compiling():
         return
     records = sink[_STATE.done:]
     _STATE.done = len(sink)  # a set trap raises below: what follows it is never performed
