@@ -325,8 +325,12 @@ def trace_breaks(
                 before = len(trace.graphs)
                 # Inside a deferral region, as graphmend.compile calls it, so a
                 # mended function is measured the way it will run.
-                with grad_ctx(), runtime.region():
-                    compiled(*a, **k)
+                with grad_ctx():
+                    if runtime._PREDICTED:  # [Speculate] sites guess as under graphmend.compile
+                        runtime.call(compiled, *a, **k)
+                    else:
+                        with runtime.region():
+                            compiled(*a, **k)
                 trace.graphs_per_call.append(len(trace.graphs) - before)
     finally:
         trace.seconds = time.perf_counter() - start

@@ -26,7 +26,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from . import runtime
+from . import runtime, source
 from .rules import RUNTIME_NAME, Decline, RewriteContext, Rule
 from .source import first_line, parse_file
 
@@ -61,6 +61,7 @@ class Patch:
     source: str = ""  # the rewritten function, for reports and debugging
 
     def uninstall(self) -> None:
+        source.MENDED.pop(id(self.new_code), None)
         for fn in self.located.functions:
             if fn.__code__ is self.new_code:
                 fn.__code__ = self.original_code
@@ -371,7 +372,10 @@ def install(located: Located, new_code: types.CodeType, node: FunctionNode) -> P
     namespace[RUNTIME_NAME] = runtime
     for fn in located.functions:
         fn.__code__ = new_code
+    source.MENDED[id(new_code)] = node
     previous = located.previous
+    if previous is not None:
+        source.MENDED.pop(id(previous.new_code), None)
     return Patch(
         located=located,
         new_code=new_code,

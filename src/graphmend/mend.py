@@ -42,7 +42,7 @@ from .sites import BreakSite, display_path
 from .targets import Target, private_copy, run_eager
 from .verify import Observation, compare, observe
 
-DEFAULT_RULES = ("where", "defer", "trap", "scalar")
+DEFAULT_RULES = ("where", "defer", "trap", "scalar", "speculate")
 CAPTURE_RULE = "scalar"  # the rule whose mechanism includes measured capture
 
 
@@ -96,6 +96,11 @@ class MendReport:
         region and the capture flags the mending was measured with."""
         with runtime.region(), self.capture.context():
             yield
+
+    @property
+    def speculates(self) -> bool:
+        """Whether a [Speculate] site is applied: calls go through ``call``."""
+        return any(o.rule == "speculate" and o.status == "applied" for o in self.outcomes)
 
     @property
     def applied(self) -> list[SiteOutcome]:
@@ -174,6 +179,7 @@ def _apply_round(
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
     observed: list[tuple[Any, ...]] = (),
+    rule: str | None = None,
 ) -> int:
     """Rewrite the functions holding ``sites``; returns how many sites were applied.
 
@@ -182,8 +188,9 @@ def _apply_round(
     rules = load_rules()
     entries = entry_keys(model)
     by_function: dict[int, tuple[engine.Located, list[tuple[BreakSite, engine.SiteRewrite]]]] = {}
+    chosen = rule
     for site in sites:
-        rule = rules.get(site.rule or "")
+        rule = rules.get(chosen or site.rule or "")
         if rule is None or rule.name not in enabled:
             reason = (
                 site.verdict if site.rule is None else f"rule {site.rule!r} is not enabled or not built yet"
@@ -193,10 +200,10 @@ def _apply_round(
         try:
             located = engine.locate(site.file, site.line, mending.by_code())
         except Decline as exc:
-            outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
+            outcomes[_key(site)] = _outcome(site, "declined", exc.reason, chosen or site.rule)
             continue
         except Exception as exc:  # never fail the user's model for an internal error
-            outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", site.rule)
+            outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", chosen or site.rule)
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
         chains = complete(site.frames, observed, entries)
@@ -207,7 +214,7 @@ def _apply_round(
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
-                outcomes[_key(site)] = _outcome(site, "declined", rw.reason, site.rule)
+                outcomes[_key(site)] = _outcome(site, "declined", rw.reason, chosen or site.rule)
         if not ok:
             continue
         try:
@@ -215,12 +222,13 @@ def _apply_round(
             patch = engine.install(located, code, node)
         except Decline as exc:
             for site, _ in ok:
-                outcomes[_key(site)] = _outcome(site, "declined", exc.reason, site.rule)
+                outcomes[_key(site)] = _outcome(site, "declined", exc.reason, chosen or site.rule)
             continue
         except Exception as exc:
             for site, _ in ok:
                 outcomes[_key(site)] = _outcome(
-                    site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}", site.rule
+                    site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}",
+                    chosen or site.rule,
                 )
             continue
         if located.previous is not None:  # a later round on the same function
@@ -236,7 +244,8 @@ def _apply_round(
             if unaliased:
                 rw.notes.append(f"gave buffer(s) {', '.join(unaliased)} their own storage (values unchanged)")
             outcomes[_key(site)] = _outcome(
-                site, "applied", "; ".join(rw.notes) or f"rewritten by [{site.rule}]", site.rule, rw.notes
+                site, "applied", "; ".join(rw.notes) or f"rewritten by [{chosen or site.rule}]", chosen or site.rule,
+                rw.notes,
             )
             applied += 1
     torch._dynamo.reset()
@@ -300,6 +309,8 @@ def _mend_target(
         later = tuple(r for r in rules if r != "trap")
         current, more = _rounds(target, current, later, outcomes, mending, groups, observed, grad, max_rounds, capture.flags)
         rounds += more
+    if SPECULATE_RULE in rules:
+        current = _speculation_round(target, current, outcomes, mending, groups, observed, grad, capture.flags)
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -366,6 +377,56 @@ def _rounds(
             current = _retrace(target, grad, flags)
             break
     return current, rounds
+
+
+SPECULATE_RULE = "speculate"
+
+
+def _speculation_round(
+    target: Target,
+    current: ExplainReport,
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    observed: list[tuple[Any, ...]],
+    grad: bool,
+    flags: tuple[str, ...],
+) -> ExplainReport:
+    """Last, [Speculate] on the ``.item()`` sites still breaking: it needs the
+    other rewrites installed (its proof reads the code that will run)."""
+    left = [s for s in current.sites if s.category == "TI" and (_key(s) not in outcomes or outcomes[_key(s)].status != "applied")]
+    if not left:
+        return current
+    trial: dict[tuple[str, int], SiteOutcome] = {}
+    snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
+    codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
+    applied = _apply_round(target.model, left, (SPECULATE_RULE,), trial, mending, groups, observed, rule=SPECULATE_RULE)
+    for key, outcome in trial.items():
+        if outcome.status == "applied" or key not in outcomes:
+            outcomes[key] = outcome
+        else:
+            outcomes[key].notes.append(f"[speculate] {outcome.reason}")
+    if not applied:
+        return current
+    _learn(target, grad)
+    try:
+        return _retrace(target, grad, flags)
+    except Exception as exc:
+        _undo_round(mending, snapshot, codes, groups, outcomes, exc)
+        return _retrace(target, grad, flags)
+
+
+def _learn(target: Target, grad: bool) -> None:
+    """One eager call of a private copy in a region: each [Speculate] site
+    learns the value it has on the example (the first guess)."""
+    from .verify import quiet
+
+    subject = private_copy(target)
+    try:
+        with quiet(), runtime.region(), (torch.enable_grad() if grad else torch.no_grad()):
+            subject.model(*subject.args, **subject.kwargs)
+    except Exception:
+        return
 
 
 def _prefill_memos(target: Target, grad: bool, names: set[str], outcomes: dict[tuple[str, int], SiteOutcome]) -> None:

@@ -56,6 +56,7 @@ class _State:
     depth: int = 0
     done: int = 0  # records of ``sink`` already performed (before an effect that was not deferred)
     flushing: bool = False
+    speculating: bool = False  # [Speculate] may guess host values in this region (``call``)
 
 
 _STATE = _State()
@@ -81,8 +82,13 @@ def _is_deferred(value: Any) -> bool:
 
 
 @contextlib.contextmanager
-def region() -> Iterator[None]:
-    """Defer effects recorded inside; perform them when the outermost region exits."""
+def region(speculating: bool = False) -> Iterator[None]:
+    """Defer effects recorded inside; perform them when the outermost region exits.
+
+    ``speculating`` (``call`` sets it): [Speculate] sites may guess; the exit
+    checks the guesses before performing anything and raises ``Mispredicted``
+    (nothing performed) when one was wrong, when the body raised, or when an
+    effect that was not deferred was about to happen."""
     _LOCK.acquire()
     outermost = _STATE.depth == 0
     if outermost:
@@ -90,20 +96,36 @@ def region() -> Iterator[None]:
         _STATE.sink = []
         _STATE.done = 0
         _STATE.owner = threading.get_ident()
+        _STATE.speculating = speculating
         _watch()
     _STATE.depth += 1
+    raised = False
     try:
         yield
+    except BaseException:
+        raised = True
+        raise
     finally:
         _STATE.depth -= 1
         records: list = []
+        guessed = False
         if outermost:
             _unwatch()
             records = (_STATE.sink or [])[_STATE.done:]
+            guessed = _STATE.speculating
             _STATE.sink = None
             _STATE.owner = None
+            _STATE.speculating = False
         try:
             if outermost:
+                if guessed and raised:
+                    # A graph that raised lost its records, a guess among them maybe: run again, not guessing.
+                    if not isinstance(sys.exc_info()[1], Mispredicted):
+                        RERUNS["raised"] += 1
+                    raise Mispredicted(again=False)
+                if _wrong_guesses(records) and guessed:
+                    RERUNS["wrong guess"] += 1
+                    raise Mispredicted(again=True)
                 flush(records)
         finally:
             _LOCK.release()
@@ -114,16 +136,23 @@ def region() -> Iterator[None]:
 
 
 @torch.compiler.disable
-def _before_effect() -> None:
+def _before_effect(origin: str | None = None) -> None:
     """An effect that was not deferred is about to happen: perform the records so far.
 
     Not while torch compiles: user code does not run then (Dynamo traces it),
     so a warning or log record is torch's own, and a set trap must not raise
     inside the compiler."""
     sink = _STATE.sink
-    if sink is None or _STATE.flushing or _STATE.done >= len(sink) or _STATE.owner != threading.get_ident():
+    if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or torch.compiler.is_compiling():
         return
-    if torch.compiler.is_compiling():
+    if _STATE.speculating:
+        # Nothing of a speculating call may happen before its guesses are
+        # checked (it may run again): stop here, run it again without guessing.
+        if origin is not None and _is_torch_file(origin):
+            return  # torch's own message (a recompile warning): not the model's effect
+        RERUNS["effect"] += 1
+        raise Mispredicted(again=False)
+    if _STATE.done >= len(sink):
         return
     records = sink[_STATE.done:]
     _STATE.done = len(sink)  # a set trap raises below: what follows it is never performed
@@ -164,12 +193,12 @@ class _Watch:
 
 
 def _showwarnmsg(msg: Any) -> None:
-    _before_effect()
+    _before_effect(getattr(msg, "filename", None))
     _Watch.saved["showwarnmsg"](msg)
 
 
 def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-    _before_effect()
+    _before_effect(args[2] if len(args) > 2 else kwargs.get("pathname"))
     return _Watch.saved["factory"](*args, **kwargs)
 
 
@@ -469,6 +498,102 @@ def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
 
 
 # --------------------------------------------------------------------------
+# [Speculate]: a host value that steers Python control flow, guessed
+
+
+# site -> the value the site had last (a bool or an int); Dynamo guards on it.
+_PREDICTED: dict[Site, Any] = {}
+_GUESSABLE = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+# Why speculating calls ran again, for reports and tests: "wrong guess",
+# "raised", "effect" (an effect that was not deferred was about to happen).
+RERUNS: "collections.Counter[str]" = __import__("collections").Counter()
+
+
+class Mispredicted(BaseException):
+    """A speculating call must run again (``call`` catches it): a guess was
+    wrong (``again``: guess again, with the corrected values), or the call
+    raised or met an effect that was not deferred (run once more, not guessing).
+    A BaseException, so that a model's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, again: bool) -> None:
+        super().__init__(again)
+        self.again = again
+
+
+def speculate(site: Site, value: Any) -> Any:
+    """``value.item()``; compiled inside a speculating call, the value the site
+    had last (a constant Dynamo guards on), recorded to be checked at the end."""
+    if not torch.compiler.is_compiling():
+        result = value.item()
+        if _STATE.sink is not None and _STATE.owner == threading.get_ident():
+            _PREDICTED.setdefault(site, result)  # learn: eagerly, in a region
+        return result
+    guess = _PREDICTED.get(site)
+    sink = _sink()
+    if sink is None or value.dtype not in _GUESSABLE or value.numel() != 1:
+        return value.item()
+    if not _STATE.speculating or guess is None:
+        # Not guessing (a rerun, a plain region): the value read is the next guess.
+        sink.append(("observe", site, None, None, (value.detach().clone(),), None))
+        return value.item()
+    sink.append(("speculate", site, guess, None, (value.detach().clone(),), None))
+    return guess
+
+
+def _wrong_guesses(records: list) -> bool:
+    """Check each guess of the call (a wrong one is corrected for the next
+    call) and learn each value read without guessing; whether one was wrong."""
+    wrong = False
+    for kind, site, guess, _, args, _ in records:
+        if kind == "observe":
+            _PREDICTED[site] = args[0].item()
+        elif kind == "speculate":
+            actual = args[0].item()
+            if actual != guess:
+                _PREDICTED[site] = actual
+                wrong = True
+    return wrong
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a speculating region: a wrong guess runs the
+    call again with the right one, anything else that would make a second run
+    visible runs it once more without guessing. The random state is restored
+    before each run again; nothing a discarded run recorded is performed."""
+    state = _rng_state()
+    speculating = True
+    for attempt in range(3):
+        try:
+            with region(speculating=speculating and attempt < 2):
+                return fn(*args, **kwargs)
+        except Mispredicted as miss:
+            speculating = miss.again
+            _set_rng_state(state)
+    raise AssertionError("unreachable: the last run does not guess")
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple) -> None:
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+_TORCH_DIR = __import__("os").path.dirname(torch.__file__)
+
+
+def _is_torch_file(path: str) -> bool:
+    return isinstance(path, str) and path.startswith(_TORCH_DIR)
+
+
+# --------------------------------------------------------------------------
 # flush (plain Python, never traced)
 
 
@@ -603,6 +728,8 @@ _warn_now = torch.compiler.disable(_warn_resolved)
 def flush(records: list) -> None:
     """Perform recorded effects in order; a set trap raises and ends the flush."""
     for kind, site, target, method, args, kwargs in records:
+        if kind in ("speculate", "observe"):
+            continue  # checked before the flush (region)
         if kind == "trap":
             if bool(args[0]):
                 error = target(*_resolve(kwargs))
@@ -634,6 +761,9 @@ __all__ = [
     "print_",
     "region",
     "register_log_site",
+    "Mispredicted",
+    "call",
+    "speculate",
     "equal",
     "gate",
     "trap",

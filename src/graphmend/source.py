@@ -98,8 +98,17 @@ def first_line(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return min([node.lineno] + [d.lineno for d in node.decorator_list])
 
 
+# Functions graphmend rewrote: id(new code) -> the rewritten def (engine.install
+# adds, Patch.uninstall removes), so that analyses of what a call runs read the
+# code that runs, not the file's.
+MENDED: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+
+
 def definition_of(code: types.CodeType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The ``def`` in the source file that compiled to ``code``, or None."""
+    """The ``def`` that compiled to ``code`` (the rewritten one for code
+    graphmend installed), or None."""
+    if id(code) in MENDED:
+        return MENDED[id(code)]
     parsed = parse_file(code.co_filename)
     if parsed is None:
         return None

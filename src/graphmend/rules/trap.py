@@ -268,6 +268,8 @@ class Trap(Rule):
         return None
 
     def _mutation_in(self, node: ast.AST, local: set[str], namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
+        if getattr(self, "assume_eval", False):
+            node = _without_training_branches(node)
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
@@ -281,7 +283,7 @@ class Trap(Rule):
                 if isinstance(func, ast.Attribute) and _root(func) == "__graphmend_rt__":
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
-                    if _watched_effect(sub, namespace):
+                    if not getattr(self, "strict_effects", False) and _watched_effect(sub, namespace):
                         continue  # the runtime performs the records (a set trap raises) before it
                     return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
                 if isinstance(func, ast.Attribute):
@@ -291,7 +293,7 @@ class Trap(Rule):
                             return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
                 self_attr = _self_attr_callee(func)
                 if self_attr is not None:
-                    reason = self._module_effects(self_attr, ast.unparse(func), ctx, depth)
+                    reason = self._module_effects(self_attr, ast.unparse(func), ctx, depth, (sub, local))
                     if reason:
                         return reason
                 elif isinstance(func, ast.Name):
@@ -302,6 +304,12 @@ class Trap(Rule):
                         if reason:
                             return reason
                         continue
+                    passed = dict(getattr(self, "_callables", ()))
+                    if func.id in passed:  # a parameter the caller passed `self.<attr>` for
+                        reason = self._module_effects(passed[func.id], f"{func.id}(...)", ctx, depth)
+                        if reason:
+                            return reason
+                        continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
                     if target is None:  # a parameter or loop variable: `for layer in self.layers: layer(h)`
                         reason = self._local_callable(func.id, node, ctx, depth, namespace)
@@ -309,35 +317,48 @@ class Trap(Rule):
                             return reason
                         continue
                     if hasattr(target, "__code__"):
-                        reason = self._function_effects(target, func.id, ctx, depth)
+                        reason = self._function_effects(
+                            target, func.id, ctx, depth, _fresh_arguments(sub, target, local, bound=False),
+                            _callable_arguments(sub, target, bound=False),
+                        )
                         if reason:
                             return reason
         return None
 
-    def _module_effects(self, attr: str, label: str, ctx: RewriteContext, depth: int) -> str | None:
+    def _module_effects(
+        self, attr: str, label: str, ctx: RewriteContext, depth: int, site: tuple[ast.Call, set[str]] | None = None
+    ) -> str | None:
         """A call of ``self.<attr>`` (or ``self.<attr>[i]``): what it can be on the live model."""
         values = self._self_values(attr, ctx)
         if not values:
             if _none_everywhere(ctx, attr):
                 return None  # calling None raises before any effect
             return f"calls `{label}`, which could not be resolved on the live model"
-        return self._modules_effects(values, label, ctx, depth)
+        return self._modules_effects(values, label, ctx, depth, site, attr)
 
-    def _function_effects(self, fn: Any, label: str, ctx: RewriteContext, depth: int) -> str | None:
+    def _function_effects(
+        self, fn: Any, label: str, ctx: RewriteContext, depth: int, fresh: frozenset[str] = frozenset(),
+        callables: frozenset[tuple[str, str]] = frozenset(),
+    ) -> str | None:
         """A method or function called after the check: scan its body the same way."""
         if depth >= self._MAX_DEPTH:
             return f"calls `{label}`, too deep to check"
         code = fn.__code__
-        if id(code) in self._scanned:
-            return self._scanned[id(code)]
-        self._scanned[id(code)] = None  # recursion: assume clean while scanning
+        key: Any = (id(code), fresh, callables) if fresh or callables else id(code)
+        if key in self._scanned:
+            return self._scanned[key]
+        self._scanned[key] = None  # recursion: assume clean while scanning
         fdef = definition_of(code)
         if fdef is None:
             return f"calls `{label}`, whose source is not available"
-        with self._scanning(fdef, code.co_filename):
-            reason = self._mutation_in(fdef, _fresh_locals(fdef), fn.__globals__, ctx, depth + 1)
+        saved, self._callables = getattr(self, "_callables", frozenset()), callables
+        try:
+            with self._scanning(fdef, code.co_filename):
+                reason = self._mutation_in(fdef, _fresh_locals(fdef, fresh), fn.__globals__, ctx, depth + 1)
+        finally:
+            self._callables = saved
         verdict = f"{code.co_name}: {reason}" if reason else None
-        self._scanned[id(code)] = verdict
+        self._scanned[key] = verdict
         return verdict
 
     def _nested_parameter(
@@ -428,7 +449,10 @@ class Trap(Rule):
                     return self._modules_effects(values, f"{name}(...)", ctx, depth)
         return f"calls the local `{name}(...)`, which could not be resolved"
 
-    def _modules_effects(self, values: list, label: str, ctx: RewriteContext, depth: int) -> str | None:
+    def _modules_effects(
+        self, values: list, label: str, ctx: RewriteContext, depth: int,
+        site: tuple[ast.Call, set[str]] | None = None, attr: str | None = None,
+    ) -> str | None:
         import torch
 
         for value in values:
@@ -436,9 +460,16 @@ class Trap(Rule):
                 continue  # another module's attribute of that name; calling it would raise first
             if not isinstance(value, torch.nn.Module):
                 if hasattr(value, "__code__"):
-                    reason = self._function_effects(value, label, ctx, depth)
+                    fresh: frozenset[str] = frozenset()
+                    if site is not None and attr is not None:
+                        bound = _bound_through_self(ctx, attr)
+                        if bound is not None:
+                            fresh = _fresh_arguments(site[0], value, site[1], bound=bound)
+                    reason = self._function_effects(value, label, ctx, depth, fresh)
                     if reason:
                         return reason
+                    continue
+                if getattr(self, "assume_eval", False) and _pure_torch_builtin(value):
                     continue
                 return f"calls `{label}`, which is not a module or a Python function"
             for module in value.modules():
@@ -539,10 +570,78 @@ _VIEW_METHODS = frozenset(
 )
 
 
-def _fresh_locals(fdef: Any) -> set[str]:
+def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
+    """Whether ``self.<attr>(...)`` passes ``self`` as the first parameter
+    (a method) or not (a staticmethod); None when the model's classes disagree."""
+    import inspect
+
+    import torch
+
+    if not isinstance(ctx.model, torch.nn.Module):
+        return None
+    kinds = set()
+    for module in ctx.model.modules():
+        raw = inspect.getattr_static(type(module), attr, None)
+        if raw is None:
+            continue
+        kinds.add("static" if isinstance(raw, staticmethod) else "method" if inspect.isfunction(raw) else "other")
+    if kinds == {"static"}:
+        return False
+    if kinds == {"method"}:
+        return True
+    return None
+
+
+def _fresh_arguments(call: ast.Call, fn: Any, local: set[str], *, bound: bool) -> frozenset[str]:
+    """The callee's parameters that receive one of the caller's fresh locals:
+    in-place changes to them change nothing the caller's caller can see."""
+    from ..source import definition_of
+
+    fdef = definition_of(getattr(fn, "__code__", None)) if hasattr(fn, "__code__") else None
+    if fdef is None:
+        return frozenset()
+    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
+    if bound:
+        params = params[1:]
+    fresh = set()
+    for index, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):
+            break
+        if index < len(params) and isinstance(arg, ast.Name) and arg.id in local:
+            fresh.add(params[index])
+    named = {a.arg for a in fdef.args.args + fdef.args.kwonlyargs}
+    for keyword in call.keywords:
+        if keyword.arg in named and isinstance(keyword.value, ast.Name) and keyword.value.id in local:
+            fresh.add(keyword.arg)
+    return frozenset(fresh)
+
+
+def _callable_arguments(call: ast.Call, fn: Any, *, bound: bool) -> frozenset[tuple[str, str]]:
+    """(parameter, attr) for each argument passed as ``self.<attr>`` (a method
+    or module the callee may call through its parameter)."""
+    from ..source import definition_of
+
+    fdef = definition_of(getattr(fn, "__code__", None)) if hasattr(fn, "__code__") else None
+    if fdef is None:
+        return frozenset()
+    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
+    if bound:
+        params = params[1:]
+    out = set()
+    for index, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):
+            break
+        attr = _self_attribute(arg)
+        if index < len(params) and attr is not None:
+            out.add((params[index], attr))
+    return frozenset(out)
+
+
+def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[str]:
     """Locals that hold values the function made itself (results of calls and
     arithmetic), never a parameter, an attribute or a view of one: mutating
-    them in place changes nothing outside the function."""
+    them in place changes nothing outside the function. ``fresh_params``:
+    parameters every caller passes such a value (they count as made here)."""
     params = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
     for extra in (fdef.args.vararg, fdef.args.kwarg):
         if extra is not None:
@@ -564,15 +663,14 @@ def _fresh_locals(fdef: Any) -> set[str]:
                 if isinstance(sub, ast.Name):
                     values.setdefault(sub.id, []).append(None)
 
-    memo: dict[str, bool] = {}
+    # The greatest fixpoint: assume every assigned name fresh, then drop names
+    # with a definition that is not (a parameter, an attribute, a view of a
+    # dropped name) until nothing changes. `x = x.view(...)` keeps x fresh when
+    # its other definitions are.
+    fresh: set[str] = {name for name in values if name not in params or name in fresh_params} | set(fresh_params)
 
     def fresh_name(name: str, depth: int) -> bool:
-        if name in params or name not in values or depth > 8:
-            return False
-        if name not in memo:
-            memo[name] = False  # cycles are not fresh
-            memo[name] = all(v is not None and fresh_expr(v, depth + 1) for v in values[name])
-        return memo[name]
+        return name in fresh
 
     def fresh_expr(node: ast.AST, depth: int) -> bool:
         if isinstance(
@@ -594,7 +692,14 @@ def _fresh_locals(fdef: Any) -> set[str]:
             return True  # a call's result is a new value (module outputs, torch ops, ...)
         return False
 
-    return {name for name in values if fresh_name(name, 0)}
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(fresh):
+            if name in values and not all(v is not None and fresh_expr(v, 0) for v in values[name]):
+                fresh.discard(name)
+                changed = True
+    return fresh
 
 
 def _own_attrs(cls: type) -> set[str]:
@@ -682,3 +787,58 @@ def _watched_effect(call: ast.Call, namespace: dict) -> bool:
             return True  # not an effect
         return isinstance(receiver, logging.Logger) and func.attr in LOG_METHODS
     return False
+
+
+def _is_self_training(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute) and node.attr == "training"
+        and isinstance(node.value, ast.Name) and node.value.id == "self"
+    )
+
+
+def _never_in_eval(test: ast.AST) -> bool | None:
+    """True: ``test`` is false whenever ``self.training`` is; False: true then; None: unknown."""
+    if _is_self_training(test):
+        return True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _is_self_training(test.operand):
+        return False
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(_never_in_eval(v) is True for v in test.values):
+        return True
+    return None
+
+
+def _without_training_branches(node: ast.AST) -> ast.AST:
+    """``node`` with the branches that only run in training mode removed (a
+    speculating call runs only with every module in eval mode: runtime.call)."""
+    if not any(isinstance(n, ast.If) and _never_in_eval(n.test) is not None for n in ast.walk(node)):
+        return node
+
+    class Prune(ast.NodeTransformer):
+        def visit_If(self, branch: ast.If) -> Any:
+            verdict = _never_in_eval(branch.test)
+            self.generic_visit(branch)
+            if verdict is True:
+                return branch.orelse or ast.Pass()
+            if verdict is False:
+                return branch.body
+            return branch
+
+    return Prune().visit(copy.deepcopy(node))
+
+
+def _pure_torch_builtin(value: Any) -> bool:
+    """A torch function implemented in C that does not change its arguments in
+    place or global settings (``torch.nn.functional.gelu``); random draws are
+    undone by the caller that needs it (runtime.call restores the RNG)."""
+    import types
+
+    if not isinstance(value, types.BuiltinFunctionType):
+        return False
+    name = getattr(value, "__name__", "")
+    module = getattr(value, "__module__", None) or ""
+    owner = getattr(getattr(value, "__self__", None), "__name__", "")
+    return (
+        (module.startswith("torch") or str(owner).startswith("torch"))
+        and not name.endswith("_")
+        and not name.startswith(("set_", "_set", "manual_seed", "seed", "use_deterministic"))
+    )
