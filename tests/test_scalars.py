@@ -320,24 +320,34 @@ def test_mixtral_one_graph_identical_when_experts_get_no_tokens():
 
 @pytest.mark.zoo
 @zoo
-def test_longformer_capture_refused_item_declined_outputs_identical():
+def test_longformer_reaches_one_graph_by_speculation_outputs_identical_with_global_attention():
     """Longformer's `is_global_attn = ....any().item()` feeds Python ifs in every
     attention layer that change shapes: capture makes Dynamo abandon frames, so
-    it is refused, and no source rewrite applies (the report says why)."""
+    it is refused, and no [Scalar] source rewrite applies; [Speculate] guesses
+    the value (checked when the call ends) and the model compiles to one graph.
+    With global attention the guess is wrong once: the call runs again."""
     from graphmend.zoo import build
 
+    graphmend.runtime.RERUNS.clear()
     model, args, kwargs = build("longformer")
-    eager = run(copy.deepcopy(model), *args, **kwargs)
-    report = graphmend.mend(model, *args, **kwargs)
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(args, kwargs))
+    report = compiled.report
     assert report.capture.flags == ()
     assert any(n.startswith(SCALAR) and "refused: Dynamo abandons more frames" in n for n in report.capture.notes)
     (ti,) = [o for o in report.outcomes if o.category == "TI"]
-    assert ti.status == "declined" and ti.reason.startswith(
-        "`is_global_attn` is used other than directly in an `if` comparison"
-    ), ti.reason
-    assert report.after.graphs == 4 and report.after.recompiles == 0
-    mended = run(model, *args, **kwargs)
-    assert all(bits_equal(a, b) for a, b in zip(tensors(eager.output), tensors(mended.output)))
+    assert (ti.rule, ti.status) == ("speculate", "applied"), ti
+    assert (report.before.graphs, report.before.breaks) == (6, 5)
+    assert (report.after.graphs, report.after.breaks, report.after.recompiles) == (1, 0, 0)
+    glob = torch.zeros_like(kwargs["input_ids"])
+    glob[:, 0] = 1
+    for extra in ({}, {}, {"global_attention_mask": glob}, {"global_attention_mask": glob}, {}):
+        expected = run(reference, *args, **kwargs, **extra)
+        got = run(compiled, *args, **kwargs, **extra)
+        assert all(bits_equal(a, b) for a, b in zip(tensors(expected.output), tensors(got.output)))
+        assert got.records == expected.records
+    assert graphmend.runtime.RERUNS["wrong guess"] + graphmend.runtime.RERUNS["raised"] == 2
 
 
 # Graphs and recompiles after mending with where/defer/trap alone (measured before

@@ -100,3 +100,15 @@ def test_training_mode_does_not_guess():
     for x in (WIDE, NARROW):
         assert torch.equal(run(compiled, x).output, run(reference, x).output)
     assert sum(graphmend.runtime.RERUNS.values()) == 0
+
+
+def test_a_forward_hook_is_never_run_twice():
+    torch.manual_seed(0)
+    model = Widen().eval()
+    compiled, _ = _compile(model, NARROW)
+    seen = []
+    model.proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    for x in (WIDE, NARROW, WIDE):
+        run(compiled, x)
+    assert len(seen) == 3  # once per call: a hook's effects were not scanned, so the call does not guess
+    assert sum(graphmend.runtime.RERUNS.values()) == 0

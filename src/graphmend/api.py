@@ -135,16 +135,6 @@ class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
         return around(super().__call__, args, kwargs)
 
 
-def _speculating(report: MendReport, model: Any, call: Any, args: tuple, kwargs: dict) -> Any:
-    """A call of a mending with [Speculate] sites: speculating when every
-    module is in eval mode (the proof assumed it), else a plain region."""
-    if any(m.training for m in model.modules()):
-        with report.region():
-            return call(*args, **kwargs)
-    with report.capture.context():
-        return runtime.call(call, *args, **kwargs)
-
-
 def _call_region(report: MendReport | None) -> Any:
     """The deferral region, plus the capture flags the mending kept."""
     return report.region() if report is not None else runtime.region()
@@ -220,8 +210,8 @@ def compile(
         def around(call: Any, args: tuple, kwargs: dict) -> Any:
             ensure_mended(args, kwargs)
             report = state["report"]
-            if report is not None and report.speculates:
-                return _speculating(report, model, call, args, kwargs)
+            if report is not None:
+                return report.call(call, model, args, kwargs)
             with _call_region(report):
                 return call(*args, **kwargs)
 

@@ -102,6 +102,16 @@ class MendReport:
         """Whether a [Speculate] site is applied: calls go through ``call``."""
         return any(o.rule == "speculate" and o.status == "applied" for o in self.outcomes)
 
+    def call(self, fn: Any, model: Any, args: tuple, kwargs: dict) -> Any:
+        """One call of compiled ``fn`` (of ``model``) as ``graphmend.compile``
+        makes it: in ``region()``; with [Speculate] sites applied and every
+        module in eval mode, as a speculating call (``runtime.call``)."""
+        if self.speculates and _may_run_twice(model):
+            with self.capture.context():
+                return runtime.call(fn, *args, **kwargs)
+        with self.region():
+            return fn(*args, **kwargs)
+
     @property
     def applied(self) -> list[SiteOutcome]:
         return [o for o in self.outcomes if o.status == "applied"]
@@ -382,6 +392,24 @@ def _rounds(
 SPECULATE_RULE = "speculate"
 
 
+def _may_run_twice(model: Any) -> bool:
+    """What [Speculate]'s proof assumed and can change between calls: every
+    module in eval mode, and no hooks (a hook's effects were not scanned)."""
+    from torch.nn.modules import module as nn_module
+
+    if not isinstance(model, torch.nn.Module):
+        return False
+    if any(getattr(nn_module, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
+    )):
+        return False
+    return not any(
+        m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in model.modules()
+    )
+
+
 def _speculation_round(
     target: Target,
     current: ExplainReport,
@@ -410,10 +438,22 @@ def _speculation_round(
         return current
     _learn(target, grad)
     try:
-        return _retrace(target, grad, flags)
+        after = _retrace(target, grad, flags)
     except Exception as exc:
         _undo_round(mending, snapshot, codes, groups, outcomes, exc)
         return _retrace(target, grad, flags)
+    remaining = {_key(s) for s in after.sites}
+    guessed = [k for k, o in trial.items() if o.status == "applied"]
+    if all(k in remaining for k in guessed):  # no guess removed its break (a float value): undo
+        _undo_round(mending, snapshot, codes, groups, outcomes, RuntimeError("no break removed"))
+        for key in guessed:
+            outcomes[key] = snapshot[2][key] if key in snapshot[2] else outcomes[key]
+            outcomes[key].notes.append(
+                "[speculate] undone: the guess did not remove the break (the value is not a bool or an "
+                "integer, or Dynamo breaks there for another reason)"
+            )
+        return _retrace(target, grad, flags)
+    return after
 
 
 def _learn(target: Target, grad: bool) -> None:

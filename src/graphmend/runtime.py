@@ -27,6 +27,14 @@ raises there, before the effect, as the eager code would have) and then lets
 the effect through. Writes that bypass Python (a C extension's) are not seen,
 nor are torch's own warnings and logs while it compiles.
 
+**Speculation.** ``call(fn, ...)`` runs ``fn`` in a speculating region:
+a [Speculate] site (``speculate``) returns the value it had last as a
+constant Dynamo compiles for, and records the actual one; when the call ends
+the guesses are checked before anything is performed, and a wrong one runs the
+call again (``Mispredicted``), nothing of the first run performed and the
+random state restored. A call that raises, or that reaches an effect that was
+not deferred, runs once more without guessing.
+
 **Sites.** Each call carries ``site = (module_name, line, function)`` of the
 original statement, so that a replayed warning or log record reports the
 original file, line and function.

@@ -208,7 +208,8 @@ _VERDICT = {
     "defer": "[Defer] record in the graph, emit after the compiled call",
     "trap": "[Trap] compute a flag in the graph, raise at the call boundary",
     "scalar": "[Scalar] capture the value in the graph where measurement shows it helps, "
-    "or rewrite the pattern (full loop over a filtered index list, scalar fed to tensor ops)",
+    "or rewrite the pattern (full loop over a filtered index list, scalar fed to tensor ops); "
+    "then [Speculate] guess a flag that steers control flow",
 }
 
 

@@ -586,9 +586,8 @@ _ROW_LIST = [
         artifact_after=3,
         rules="Defer (partial)",
         note="input length 20 is not a multiple of attention_window=8, else the padding warning_once never "
-        "runs; the .item() (TI) breaks stay: is_global_attn feeds shape-changing Python ifs in every attention "
-        "layer, so [Scalar] finds no exact rewrite, and capture_scalar_outputs is refused (3 graphs, but Dynamo "
-        "abandons 2 frames)",
+        "runs; is_global_attn (.item(), TI) feeds shape-changing Python ifs in every attention layer: no [Scalar] "
+        "rewrite, capture_scalar_outputs refused (Dynamo abandons 2 frames); [Speculate] guesses it (0 breaks)",
         builder=_longformer,
     ),
     ZooRow(

@@ -65,13 +65,16 @@ MESSAGES = [
     '"check failed at " + str(h.shape[0])',
 ]
 
-# Code no rule may touch: host reads and data-dependent shapes.
+# Host reads and data-dependent shapes: [Scalar] / [Speculate] or nothing.
 UNTOUCHABLE = [
     ["h = h + h.sum().item()"],
     ["if h.sum().item() > 0:", "    h = h * 2"],
     ["k = h[h > 0]", "h = h + k.sum()"],
     ["idx = {T}.nonzero(h > 0)", "h = h + idx.shape[0]"],
     ["h = h.clamp(min=-1e4, max=1e4)"],
+    # [Speculate]: a host flag that changes shapes (Longformer's is_global_attn)
+    ["wide = (h > 1).any().item()", "if wide:", "    h = {T}.cat([h, h.flip(-1)], dim=-1)",
+     "    h = h[..., :4] + h[..., 4:]"],
 ]
 
 

@@ -65,6 +65,8 @@ from . import Decline, Rule, RewriteContext, register
 from ._predicate import check_lowerable, has_boolops, lower
 from .defer import Defer
 
+# Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
+_STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
 _MUTATING_METHODS = frozenset(
     {"register_buffer", "register_parameter", "update", "append", "extend", "insert", "pop", "clear",
      "setdefault", "add_module", "popitem", "remove"}
@@ -271,6 +273,8 @@ class Trap(Rule):
         if getattr(self, "assume_eval", False):
             node = _without_training_branches(node)
         for sub in ast.walk(node):
+            if isinstance(sub, (ast.Global, ast.Nonlocal)):
+                return f"`{type(sub).__name__.lower()} {', '.join(sub.names)}` (line {sub.lineno})"
             if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 for target in targets:
@@ -297,8 +301,8 @@ class Trap(Rule):
                     if reason:
                         return reason
                 elif isinstance(func, ast.Name):
-                    if func.id == "setattr":
-                        return f"`setattr(...)` (line {sub.lineno})"
+                    if func.id in _STATEFUL_BUILTINS and namespace.get(func.id, getattr(builtins, func.id)) is getattr(builtins, func.id):
+                        return f"`{func.id}(...)` (line {sub.lineno})"
                     if func.id in local:
                         reason = self._local_callable(func.id, node, ctx, depth, namespace)
                         if reason:
