@@ -200,7 +200,7 @@ class SiteRewrite:
     notes: list[str] = field(default_factory=list)
     memo_attrs: set[str] = field(default_factory=set)
     frames: list[Any] = field(default_factory=list)  # the break's frame chain, entry first
-    chains: list[Any] = field(default_factory=list)  # from the model's entry to the break (chains.py)
+    chains: list[Any] | None = None  # from the model's entry to the break; None: no run (graphmend check)
     unalias: set[str] = field(default_factory=set)
 
 
@@ -246,7 +246,7 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         ctx.notes = []
         ctx.memo_attrs = set()
         ctx.frames = list(site.frames)
-        ctx.chains = list(site.chains)
+        ctx.chains = None if site.chains is None else list(site.chains)
         ctx.unalias = set()
         try:
             replacement = site.rule.rewrite(body[index], ctx)

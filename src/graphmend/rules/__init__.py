@@ -44,7 +44,7 @@ class RewriteContext:
     model: Any = None  # the target, for facts only the live objects know
     memo_attrs: set[str] = field(default_factory=set)  # attributes a rewrite may now create early
     frames: list[Any] = field(default_factory=list)  # the break's frame chain (entry first)
-    chains: list[Any] = field(default_factory=list)  # chains from the model's entry to the break ([] unknown; chains.py)
+    chains: list[Any] | None = None  # chains from the model's entry to the break ([]: unknown; None: no run, chains.py)
     unalias: set[str] = field(default_factory=set)  # buffers to give their own storage at install
 
     def attribute_values(self, attr: str, modules: Any = None) -> list[Any]:

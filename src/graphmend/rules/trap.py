@@ -219,6 +219,9 @@ class Trap(Rule):
             return reason
         # The callers' code after the call that led here runs too: on every
         # path from the model's entry that Dynamo showed reaching this function.
+        # (No run at all, as in `graphmend check`: the function alone is judged.)
+        if ctx.chains is None:
+            return None
         if not ctx.chains:
             return (
                 f"the callers of `{ctx.fdef.name}` are not known (Dynamo compiled it as a frame of its own "
