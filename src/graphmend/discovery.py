@@ -292,8 +292,12 @@ def trace_breaks(
     dynamic: bool | None = False,
     inputs: list[tuple[tuple, dict]] | None = None,
     capture: tuple[str, ...] = (),
+    speculating: bool = False,
 ) -> Trace:
     """Compile ``fn`` with a counting backend, call it, and collect every break.
+
+    ``speculating``: call it as ``graphmend.compile`` calls a mending with
+    [Speculate] sites (``runtime.call``), so their guesses are measured.
 
     ``inputs`` (a list of ``(args, kwargs)``) overrides ``args``/``kwargs`` and
     ``calls``: each entry is one call, so inputs that take different branches
@@ -326,7 +330,7 @@ def trace_breaks(
                 # Inside a deferral region, as graphmend.compile calls it, so a
                 # mended function is measured the way it will run.
                 with grad_ctx():
-                    if runtime._PREDICTED:  # [Speculate] sites guess as under graphmend.compile
+                    if speculating:  # [Speculate] sites guess as under graphmend.compile
                         runtime.call(compiled, *a, **k)
                     else:
                         with runtime.region():

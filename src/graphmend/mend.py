@@ -436,15 +436,18 @@ def _speculation_round(
             outcomes[key].notes.append(f"[speculate] {outcome.reason}")
     if not applied:
         return current
+    target.speculating = True  # later traces call it as graphmend.compile will
     _learn(target, grad)
     try:
         after = _retrace(target, grad, flags)
     except Exception as exc:
+        target.speculating = False
         _undo_round(mending, snapshot, codes, groups, outcomes, exc)
         return _retrace(target, grad, flags)
     remaining = {_key(s) for s in after.sites}
     guessed = [k for k, o in trial.items() if o.status == "applied"]
     if all(k in remaining for k in guessed):  # no guess removed its break (a float value): undo
+        target.speculating = False
         _undo_round(mending, snapshot, codes, groups, outcomes, RuntimeError("no break removed"))
         for key in guessed:
             outcomes[key] = snapshot[2][key] if key in snapshot[2] else outcomes[key]
@@ -531,7 +534,10 @@ def _trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
     """Trace a private copy with ``flags`` on; a tracing error is recorded, not raised."""
     subject = private_copy(target)
     try:
-        trace = trace_breaks(subject.model, subject.args, subject.kwargs, grad=grad, capture=flags)
+        trace = trace_breaks(
+            subject.model, subject.args, subject.kwargs, grad=grad, capture=flags,
+            speculating=target.speculating,
+        )
     except Exception as exc:
         if not flags:
             raise

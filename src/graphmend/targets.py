@@ -37,6 +37,7 @@ class Target:
     model: Callable[..., Any]
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    speculating: bool = False  # a [Speculate] site is installed: trace it as graphmend.compile calls it
 
     @property
     def kind(self) -> str:
