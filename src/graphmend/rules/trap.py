@@ -599,49 +599,37 @@ def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
     return None
 
 
-def _fresh_arguments(call: ast.Call, fn: Any, local: set[str], *, bound: bool) -> frozenset[str]:
-    """The callee's parameters that receive one of the caller's fresh locals:
-    in-place changes to them change nothing the caller's caller can see."""
+def _passed(call: ast.Call, fn: Any, bound: bool) -> list[tuple[str, ast.expr]]:
+    """(callee parameter, argument expression) for the call's positional
+    arguments (up to a ``*args``) and keywords naming a parameter."""
     from ..source import definition_of
 
     fdef = definition_of(getattr(fn, "__code__", None)) if hasattr(fn, "__code__") else None
     if fdef is None:
-        return frozenset()
+        return []
     params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
     if bound:
         params = params[1:]
-    fresh = set()
+    pairs = []
     for index, arg in enumerate(call.args):
-        if isinstance(arg, ast.Starred):
+        if isinstance(arg, ast.Starred) or index >= len(params):
             break
-        if index < len(params) and isinstance(arg, ast.Name) and arg.id in local:
-            fresh.add(params[index])
+        pairs.append((params[index], arg))
     named = {a.arg for a in fdef.args.args + fdef.args.kwonlyargs}
-    for keyword in call.keywords:
-        if keyword.arg in named and isinstance(keyword.value, ast.Name) and keyword.value.id in local:
-            fresh.add(keyword.arg)
-    return frozenset(fresh)
+    pairs += [(k.arg, k.value) for k in call.keywords if k.arg in named]
+    return pairs
+
+
+def _fresh_arguments(call: ast.Call, fn: Any, local: set[str], *, bound: bool) -> frozenset[str]:
+    """The callee's parameters that receive one of the caller's fresh locals:
+    in-place changes to them change nothing the caller's caller can see."""
+    return frozenset(p for p, arg in _passed(call, fn, bound) if isinstance(arg, ast.Name) and arg.id in local)
 
 
 def _callable_arguments(call: ast.Call, fn: Any, *, bound: bool) -> frozenset[tuple[str, str]]:
     """(parameter, attr) for each argument passed as ``self.<attr>`` (a method
     or module the callee may call through its parameter)."""
-    from ..source import definition_of
-
-    fdef = definition_of(getattr(fn, "__code__", None)) if hasattr(fn, "__code__") else None
-    if fdef is None:
-        return frozenset()
-    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
-    if bound:
-        params = params[1:]
-    out = set()
-    for index, arg in enumerate(call.args):
-        if isinstance(arg, ast.Starred):
-            break
-        attr = _self_attribute(arg)
-        if index < len(params) and attr is not None:
-            out.add((params[index], attr))
-    return frozenset(out)
+    return frozenset((p, _self_attribute(arg)) for p, arg in _passed(call, fn, bound) if _self_attribute(arg) is not None)
 
 
 def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[str]:
