@@ -74,7 +74,8 @@ class Speculate(Rule):
         call = ast.Call(func=ctx.runtime("speculate"), args=[ctx.site(stmt), stmt.value.func.value], keywords=[])
         new = ast.Assign(targets=stmt.targets, value=ast.copy_location(call, stmt.value))
         ctx.notes.append(
-            f"`{stmt.targets[0].id}` speculated: compiled for the value it had last, checked when the call ends"
+            f"`{stmt.targets[0].id}` speculated under graphmend.compile (or graphmend.runtime.call): compiled for "
+            "the value it had last, checked when the call ends"
         )
         return [ast.copy_location(new, stmt)]
 
