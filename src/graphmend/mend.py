@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -404,10 +405,18 @@ def _may_run_twice(model: Any) -> bool:
         "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
     )):
         return False
-    return not any(
-        m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in model.modules()
-    )
+    # The modules as mended (the proof is about them), listed once: walking
+    # model.modules() on every call cost 4x more (43 vs 10 us for zoo:longformer's 52).
+    modules = _MODULES.get(model)
+    if modules is None:
+        modules = _MODULES[model] = tuple(model.modules())
+    for m in modules:
+        if m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return False
+    return True
+
+
+_MODULES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def _speculation_round(
