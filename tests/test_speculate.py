@@ -115,3 +115,25 @@ def test_a_forward_hook_is_never_run_twice():
         run(compiled, x)
     assert len(seen) == 3  # once per call: a hook's effects were not scanned, so the call does not guess
     assert sum(graphmend.runtime.RERUNS.values()) == 0
+
+
+def test_mend_plus_your_own_torch_compile_guesses_only_through_runtime_call():
+    """README: with graphmend.mend and your own torch.compile, guessing happens
+    in graphmend.runtime.call(compiled, x); in a plain region it is .item()."""
+    torch.manual_seed(0)
+    model = Widen().eval()
+    reference = copy.deepcopy(model)
+    report = graphmend.mend(model, NARROW)
+    assert ("speculate", "applied") in [(o.rule, o.status) for o in report.outcomes]
+    plain, guessing = Counting(), Counting()
+    in_region = torch.compile(copy.deepcopy(model), backend=plain)
+    through_call = torch.compile(copy.deepcopy(model), backend=guessing)
+    for x in (NARROW, WIDE, NARROW):
+        expected = run(reference, x)
+        with graphmend.runtime.region():
+            got_plain = in_region(x)
+        got_call = run(lambda t: graphmend.runtime.call(through_call, t), x)
+        assert torch.equal(got_plain, expected.output) and torch.equal(got_call.output, expected.output)
+        assert got_call.stdout == expected.stdout
+    assert guessing.graphs == 2  # one graph per value of the flag, no break
+    assert plain.graphs > guessing.graphs  # .item() breaks there, as written
