@@ -23,8 +23,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default,
-# one worker process per core; FUZZ_ARGS="--programs N --seed S --jobs J" to change.
+# Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default, in
+# chunks of 100 per fresh worker process, one per core at a time;
+# FUZZ_ARGS="--programs N --seed S --jobs J --resume" to change.
 # Failing programs go to build/fuzz-failures/, the summary to build/fuzz-summary.txt.
 FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 fuzz: $(STAMP)

@@ -1,8 +1,9 @@
 """Long-mode differential fuzzing: ``python -m tests.fuzz`` (``make fuzz``).
 
-``--jobs N`` splits the programs over N worker processes (worker k draws its
-programs with hypothesis seed ``seed * 1000 + k``); the parent merges their
-summaries as they go and writes the combined one. ``--resume`` continues an
+The programs run in chunks of ``--chunk`` (100), each in a fresh worker
+process, ``--jobs N`` at a time (chunk c draws its programs with hypothesis
+seed ``seed * 1000 + c``); the parent merges their summaries as they go and
+writes the combined one. ``--resume`` continues an
 interrupted run with the same arguments and the same code (graphmend and the
 fuzzer, hashed): the programs already checked are drawn again, not rechecked."""
 
@@ -15,6 +16,7 @@ import pickle
 import subprocess
 import sys
 import time
+from typing import Any
 
 from .runner import Summary, run_many
 
@@ -23,7 +25,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
     parser.add_argument("--programs", type=int, default=5000, help="programs to generate and check (default 5000)")
     parser.add_argument("--seed", type=int, default=1, help="hypothesis seed (default 1)")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time (default 1)")
+    parser.add_argument("--chunk", type=int, default=100, help="programs per worker process (default 100)")
     parser.add_argument("--grad-every", type=int, default=3, help="check gradients on every Nth program (0: never)")
     parser.add_argument("--inductor-every", type=int, default=50, help="add an Inductor arm on every Nth program (0: never)")
     parser.add_argument("--aot-every", type=int, default=1, help="add the aot_eager arm on every Nth program (0: never)")
@@ -39,7 +42,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.jobs > 1 and args.part is None:
+    if (args.jobs > 1 or args.programs > args.chunk) and args.part is None:
         return _parallel(args)
 
     seed = args.seed
@@ -90,30 +93,48 @@ def _parallel(args: argparse.Namespace) -> int:
 
 
 def run_parallel(args: argparse.Namespace) -> Summary | None:
-    """Run ``args.jobs`` workers to the end; their merged summary, or None if one failed."""
+    """Run the programs in chunks of ``--chunk``, each in a fresh worker
+    process (a long-lived one grows: every program is a new module, and
+    Dynamo keeps code for it), ``args.jobs`` at a time; the merged summary,
+    or None if a worker failed. Chunk c draws with hypothesis seed
+    ``seed * 1000 + c``; with ``--resume`` finished chunks are kept and an
+    interrupted one continues."""
     parts = _parts(args)
-    workers = []
-    for k in range(args.jobs):
-        count = args.programs // args.jobs + (k < args.programs % args.jobs)
-        state = os.path.join(parts, f"part-{k}-of-{args.jobs}.pkl")
-        if os.path.exists(state) and not args.resume:
-            os.remove(state)
-        command = [
-            sys.executable, "-m", "tests.fuzz", "--part", f"{k}/{args.jobs}", "--state", state,
-            "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
-            "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
-            "--max-statements", str(args.max_statements),
-            "--failures", args.failures, *(["--resume"] if args.resume else []),
-        ]
-        log = open(os.path.join(parts, f"part-{k}-of-{args.jobs}.log"), "a" if args.resume else "w")
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root), state, log))
+    chunks = [(c, min(args.chunk, args.programs - c * args.chunk)) for c in range(-(-args.programs // args.chunk))]
+    states = {c: os.path.join(parts, f"chunk-{c}.pkl") for c, _ in chunks}
+    keys = {c: _key(argparse.Namespace(**{**vars(args), "programs": n}), args.seed * 1000 + c) for c, n in chunks}
+    for name in os.listdir(parts):
+        if name.startswith(("chunk-", "part-")):
+            c = int(name.split("-")[1].split(".")[0]) if name.startswith("chunk-") else None
+            stale = c not in keys or (name.endswith(".pkl") and _load(os.path.join(parts, name), keys[c]) is None)
+            if not args.resume or stale:  # another run's, or this code's no more
+                os.remove(os.path.join(parts, name))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pending = [(c, n) for c, n in chunks if not _finished(states[c], n, keys[c])]
+    running: list[tuple[int, subprocess.Popen, Any]] = []
+    failed: list[int] = []
     began = time.perf_counter()
-    printed = 0
-    while True:
-        done = all(p.poll() is not None for p, _, _ in workers)
-        summary = _merged([state for _, state, _ in workers], time.perf_counter() - began)
-        if done or summary.programs >= printed + args.progress_every:
+    printed = -1
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            c, count = pending.pop(0)
+            command = [
+                sys.executable, "-m", "tests.fuzz", "--part", f"{c}/{len(chunks)}", "--state", states[c],
+                "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
+                "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
+                "--max-statements", str(args.max_statements), "--failures", args.failures, "--resume",
+            ]
+            log = open(os.path.join(parts, f"chunk-{c}.log"), "a")
+            running.append((c, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root), log))
+        for entry in list(running):
+            c, process, log = entry
+            if process.poll() is not None:
+                log.close()
+                running.remove(entry)
+                if process.returncode != 0:
+                    failed.append(c)
+        summary = _merged(list(states.values()), time.perf_counter() - began, args.jobs)
+        if summary.programs >= printed + args.progress_every or not (pending or running):
             printed = summary.programs
             _write(summary, args.summary)
             print(
@@ -121,25 +142,29 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                 f"{len(summary.mismatches)} mismatches, {summary.seconds:.0f} s ({args.jobs} jobs)",
                 flush=True,
             )
-        if done:
-            break
-        time.sleep(10)
-    for _, _, log in workers:
-        log.close()
-    failed = [k for k, (p, _, _) in enumerate(workers) if p.returncode != 0]
+        if pending or running:
+            time.sleep(2)
     if failed:
-        print(f"worker(s) {failed} failed: see {parts}/part-<k>-of-{args.jobs}.log", file=sys.stderr)
+        print(f"chunk(s) {failed} failed: see {parts}/chunk-<c>.log", file=sys.stderr)
         return None
-    return summary
+    return _merged(list(states.values()), time.perf_counter() - began, args.jobs)
 
 
-def _merged(states: list[str], seconds: float) -> Summary:
+def _finished(state: str, count: int, key: str) -> bool:
+    saved = _load(state, key)
+    return saved is not None and saved.programs >= count
+
+
+def _merged(states: list[str], seconds: float, jobs: int = 1) -> Summary:
     total = Summary()
+    worker_seconds = 0.0
     for state in states:
         part = _load(state, None)
         if part is not None:  # None: not written yet
             total.merge(part)
-    total.seconds = max(seconds, total.seconds)  # wall time; a resumed worker's own time counts from before
+            worker_seconds += part.seconds
+    # Wall time of this run, or of the chunks' own times shared by the jobs when resumed.
+    total.seconds = max(seconds, worker_seconds / max(jobs, 1))
     return total
 
 
