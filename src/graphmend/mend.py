@@ -190,18 +190,22 @@ def _apply_round(
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
     observed: list[tuple[Any, ...]] = (),
-    rule: str | None = None,
+    only: str | None = None,
 ) -> int:
     """Rewrite the functions holding ``sites``; returns how many sites were applied.
 
     ``observed``: every frame chain seen so far, to complete the chains of
-    breaks reported from a frame compiled on its own (chains.py)."""
+    breaks reported from a frame compiled on its own (chains.py). ``only``:
+    offer every site to that rule instead of the one its category names."""
     rules = load_rules()
     entries = entry_keys(model)
     by_function: dict[int, tuple[engine.Located, list[tuple[BreakSite, engine.SiteRewrite]]]] = {}
-    chosen = rule
+
+    def rule_of(site: BreakSite) -> str | None:
+        return only or site.rule
+
     for site in sites:
-        rule = rules.get(chosen or site.rule or "")
+        rule = rules.get(rule_of(site) or "")
         if rule is None or rule.name not in enabled:
             reason = (
                 site.verdict if site.rule is None else f"rule {site.rule!r} is not enabled or not built yet"
@@ -211,10 +215,10 @@ def _apply_round(
         try:
             located = engine.locate(site.file, site.line, mending.by_code())
         except Decline as exc:
-            outcomes[_key(site)] = _outcome(site, "declined", exc.reason, chosen or site.rule)
+            outcomes[_key(site)] = _outcome(site, "declined", exc.reason, rule_of(site))
             continue
         except Exception as exc:  # never fail the user's model for an internal error
-            outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", chosen or site.rule)
+            outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", rule_of(site))
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
         chains = complete(site.frames, observed, entries)
@@ -225,7 +229,7 @@ def _apply_round(
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
-                outcomes[_key(site)] = _outcome(site, "declined", rw.reason, chosen or site.rule)
+                outcomes[_key(site)] = _outcome(site, "declined", rw.reason, rule_of(site))
         if not ok:
             continue
         try:
@@ -233,13 +237,13 @@ def _apply_round(
             patch = engine.install(located, code, node)
         except Decline as exc:
             for site, _ in ok:
-                outcomes[_key(site)] = _outcome(site, "declined", exc.reason, chosen or site.rule)
+                outcomes[_key(site)] = _outcome(site, "declined", exc.reason, rule_of(site))
             continue
         except Exception as exc:
             for site, _ in ok:
                 outcomes[_key(site)] = _outcome(
                     site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}",
-                    chosen or site.rule,
+                    rule_of(site),
                 )
             continue
         if located.previous is not None:  # a later round on the same function
@@ -255,7 +259,7 @@ def _apply_round(
             if unaliased:
                 rw.notes.append(f"gave buffer(s) {', '.join(unaliased)} their own storage (values unchanged)")
             outcomes[_key(site)] = _outcome(
-                site, "applied", "; ".join(rw.notes) or f"rewritten by [{chosen or site.rule}]", chosen or site.rule,
+                site, "applied", "; ".join(rw.notes) or f"rewritten by [{rule_of(site)}]", rule_of(site),
                 rw.notes,
             )
             applied += 1
@@ -375,8 +379,7 @@ def _rounds(
         if not pending:
             break
         rounds += 1
-        snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
-        codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
+        snapshot, codes = _snapshot(mending, groups, outcomes)
         observed += [s.frames for s in current.sites if s.frames]
         applied = _apply_round(target.model, pending, rules, outcomes, mending, groups, observed)
         if applied == 0:
@@ -435,9 +438,8 @@ def _speculation_round(
     if not left:
         return current
     trial: dict[tuple[str, int], SiteOutcome] = {}
-    snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
-    codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
-    applied = _apply_round(target.model, left, (SPECULATE_RULE,), trial, mending, groups, observed, rule=SPECULATE_RULE)
+    snapshot, codes = _snapshot(mending, groups, outcomes)
+    applied = _apply_round(target.model, left, (SPECULATE_RULE,), trial, mending, groups, observed, only=SPECULATE_RULE)
     for key, outcome in trial.items():
         if outcome.status == "applied" or key not in outcomes:
             outcomes[key] = outcome
@@ -511,6 +513,16 @@ def _prefill_memos(target: Target, grad: bool, names: set[str], outcomes: dict[t
         for outcome in outcomes.values():
             if outcome.status == "applied" and any("memoised" in n for n in outcome.notes):
                 outcome.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")
+
+
+def _snapshot(
+    mending: Mending, groups: dict[int, list[tuple[str, int]]], outcomes: dict[tuple[str, int], SiteOutcome]
+) -> tuple[tuple, dict[int, tuple[Any, Any]]]:
+    """What ``_undo_round`` needs to take a round back: the patches, groups and
+    outcomes before it, and each patched function's code."""
+    snapshot = (list(mending.patches), {k: list(v) for k, v in groups.items()}, dict(outcomes))
+    codes = {id(fn): (fn, fn.__code__) for p in mending.patches for fn in p.located.functions}
+    return snapshot, codes
 
 
 def _undo_round(

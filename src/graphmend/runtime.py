@@ -42,8 +42,10 @@ original file, line and function.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -516,7 +518,7 @@ _GUESSABLE = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, tor
 
 # Why speculating calls ran again, for reports and tests: "wrong guess",
 # "raised", "effect" (an effect that was not deferred was about to happen).
-RERUNS: "collections.Counter[str]" = __import__("collections").Counter()
+RERUNS: "collections.Counter[str]" = collections.Counter()
 
 
 class Mispredicted(BaseException):
@@ -594,7 +596,7 @@ def _set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-_TORCH_DIR = __import__("os").path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _is_torch_file(path: str) -> bool:

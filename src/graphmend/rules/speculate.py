@@ -97,7 +97,8 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
     if fdef is None:
         return "the model's forward source was not found"
     scanner = Trap()
-    scanner.strict_effects = False  # an effect not deferred aborts a speculating call before it happens (runtime)
+    # An effect that was not deferred is accepted as [Trap] accepts it: in a
+    # speculating call the runtime stops the run before it (runtime.call).
     scanner.assume_eval = True
     scanner._scanned = {}
     scanner._MAX_DEPTH = 12  # the whole call, not the rest of one function

@@ -275,6 +275,7 @@ class Trap(Rule):
     def _mutation_in(self, node: ast.AST, local: set[str], namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
         if getattr(self, "assume_eval", False):
             node = _without_training_branches(node)
+        passed = dict(getattr(self, "_callables", ()))  # parameters the caller passed `self.<attr>` for
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Global, ast.Nonlocal)):
                 return f"`{type(sub).__name__.lower()} {', '.join(sub.names)}` (line {sub.lineno})"
@@ -290,7 +291,7 @@ class Trap(Rule):
                 if isinstance(func, ast.Attribute) and _root(func) == "__graphmend_rt__":
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
-                    if not getattr(self, "strict_effects", False) and _watched_effect(sub, namespace):
+                    if _watched_effect(sub, namespace):
                         continue  # the runtime performs the records (a set trap raises) before it
                     return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
                 if isinstance(func, ast.Attribute):
@@ -311,8 +312,7 @@ class Trap(Rule):
                         if reason:
                             return reason
                         continue
-                    passed = dict(getattr(self, "_callables", ()))
-                    if func.id in passed:  # a parameter the caller passed `self.<attr>` for
+                    if func.id in passed:
                         reason = self._module_effects(passed[func.id], f"{func.id}(...)", ctx, depth)
                         if reason:
                             return reason
@@ -325,8 +325,7 @@ class Trap(Rule):
                         continue
                     if hasattr(target, "__code__"):
                         reason = self._function_effects(
-                            target, func.id, ctx, depth, _fresh_arguments(sub, target, local, bound=False),
-                            _callable_arguments(sub, target, bound=False),
+                            target, func.id, ctx, depth, *_arguments(sub, target, local, bound=False)
                         )
                         if reason:
                             return reason
@@ -471,7 +470,7 @@ class Trap(Rule):
                     if site is not None and attr is not None:
                         bound = _bound_through_self(ctx, attr)
                         if bound is not None:
-                            fresh = _fresh_arguments(site[0], value, site[1], bound=bound)
+                            fresh, _ = _arguments(site[0], value, site[1], bound=bound)
                     reason = self._function_effects(value, label, ctx, depth, fresh)
                     if reason:
                         return reason
@@ -599,14 +598,17 @@ def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
     return None
 
 
-def _passed(call: ast.Call, fn: Any, bound: bool) -> list[tuple[str, ast.expr]]:
-    """(callee parameter, argument expression) for the call's positional
-    arguments (up to a ``*args``) and keywords naming a parameter."""
-    from ..source import definition_of
-
-    fdef = definition_of(getattr(fn, "__code__", None)) if hasattr(fn, "__code__") else None
+def _arguments(
+    call: ast.Call, fn: Any, local: set[str], *, bound: bool
+) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """What the call passes the callee: the parameters that receive one of the
+    caller's fresh locals (in-place changes to them change nothing the
+    caller's caller can see), and (parameter, attr) for each argument passed as
+    ``self.<attr>`` (a method or module the callee may call through it).
+    Positional arguments up to a ``*args``, and keywords naming a parameter."""
+    fdef = definition_of(fn.__code__) if hasattr(fn, "__code__") else None
     if fdef is None:
-        return []
+        return frozenset(), frozenset()
     params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
     if bound:
         params = params[1:]
@@ -617,19 +619,9 @@ def _passed(call: ast.Call, fn: Any, bound: bool) -> list[tuple[str, ast.expr]]:
         pairs.append((params[index], arg))
     named = {a.arg for a in fdef.args.args + fdef.args.kwonlyargs}
     pairs += [(k.arg, k.value) for k in call.keywords if k.arg in named]
-    return pairs
-
-
-def _fresh_arguments(call: ast.Call, fn: Any, local: set[str], *, bound: bool) -> frozenset[str]:
-    """The callee's parameters that receive one of the caller's fresh locals:
-    in-place changes to them change nothing the caller's caller can see."""
-    return frozenset(p for p, arg in _passed(call, fn, bound) if isinstance(arg, ast.Name) and arg.id in local)
-
-
-def _callable_arguments(call: ast.Call, fn: Any, *, bound: bool) -> frozenset[tuple[str, str]]:
-    """(parameter, attr) for each argument passed as ``self.<attr>`` (a method
-    or module the callee may call through its parameter)."""
-    return frozenset((p, _self_attribute(arg)) for p, arg in _passed(call, fn, bound) if _self_attribute(arg) is not None)
+    fresh = frozenset(p for p, arg in pairs if isinstance(arg, ast.Name) and arg.id in local)
+    callables = frozenset((p, _self_attribute(arg)) for p, arg in pairs if _self_attribute(arg) is not None)
+    return fresh, callables
 
 
 def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[str]:
@@ -664,10 +656,7 @@ def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[
     # its other definitions are.
     fresh: set[str] = {name for name in values if name not in params or name in fresh_params} | set(fresh_params)
 
-    def fresh_name(name: str, depth: int) -> bool:
-        return name in fresh
-
-    def fresh_expr(node: ast.AST, depth: int) -> bool:
+    def fresh_expr(node: ast.AST) -> bool:
         if isinstance(
             node,
             (ast.BinOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set,
@@ -675,15 +664,15 @@ def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[
         ):
             return True  # a new value (a container's items are not mutated through it here)
         if isinstance(node, ast.IfExp):
-            return fresh_expr(node.body, depth) and fresh_expr(node.orelse, depth)
+            return fresh_expr(node.body) and fresh_expr(node.orelse)
         if isinstance(node, ast.Name):
-            return fresh_name(node.id, depth)
+            return node.id in fresh
         if isinstance(node, ast.Subscript):
-            return fresh_expr(node.value, depth)
+            return fresh_expr(node.value)
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in _VIEW_METHODS:
-                return fresh_expr(func.value, depth)  # a view shares its receiver's storage
+                return fresh_expr(func.value)  # a view shares its receiver's storage
             return True  # a call's result is a new value (module outputs, torch ops, ...)
         return False
 
@@ -691,7 +680,7 @@ def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[
     while changed:
         changed = False
         for name in sorted(fresh):
-            if name in values and not all(v is not None and fresh_expr(v, 0) for v in values[name]):
+            if name in values and not all(v is not None and fresh_expr(v) for v in values[name]):
                 fresh.discard(name)
                 changed = True
     return fresh
