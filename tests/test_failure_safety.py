@@ -131,3 +131,84 @@ def test_an_unsupported_torch_compiles_unchanged_with_a_warning(reference, monke
     got = run(compiled, x)
     torch._dynamo.reset()
     _same_behaviour(got, expected)
+
+
+# --------------------------------------------------------------------------
+# the backend: mended graphs are new to it
+
+
+class _Picky:
+    """A backend that compiles graphs up to ``limit`` nodes and raises on bigger ones (as
+    AOTAutograd raises on a joined graph whose backward it cannot trace)."""
+
+    def __init__(self, limit):
+        self.limit, self.compiled, self.refused = limit, 0, 0
+
+    def __call__(self, gm, example_inputs):
+        import warnings
+
+        warnings.warn(f"picky: looking at {len(gm.graph.nodes)} nodes")
+        if len(gm.graph.nodes) > self.limit:
+            self.refused += 1
+            raise RuntimeError("picky: graph too big")
+        self.compiled += 1
+        return gm.forward
+
+
+def test_a_graph_the_backend_fails_on_runs_as_captured_with_one_warning(reference):
+    expected, _ = reference
+    model, (x,), _ = demo.build()
+    counting = CountingBackend()
+    run(torch.compile(model, backend=counting), x)
+    torch._dynamo.reset()
+    limit = max(len(gm.graph.nodes) for gm in counting.graphs)
+    alone = _Picky(limit)
+    assert run(torch.compile(model, backend=alone), x).exception is None  # torch.compile alone works
+    torch._dynamo.reset()
+    assert alone.refused == 0 and alone.compiled > 1
+
+    picky = _Picky(limit)
+    model, (x,), _ = demo.build()
+    compiled = graphmend.compile(model, backend=picky, example_inputs=(x,))
+    assert len(compiled.report.applied) > 0
+    got = run(compiled, x)
+    graphmend.unmend()
+    torch._dynamo.reset()
+    _same_behaviour(got, expected)  # the refused graph ran as captured: same output bits and effects
+    assert picky.refused >= 1
+    notices = [w[1] for w in got.warnings if w[0] == "BackendFallbackWarning"]
+    assert len(notices) == picky.refused
+    assert "graphmend: the _Picky backend failed on the graph of forward (demo.py:" in notices[0]
+    assert "(RuntimeError: picky: graph too big); that graph runs as captured, without the backend" in notices[0]
+    # what a failed attempt warned is replaced by the notice; a successful one's is shown
+    looked = [w[1] for w in got.warnings if w[1].startswith("picky:")]
+    assert len(looked) == picky.compiled
+
+
+def test_dynamo_control_flow_from_the_backend_passes_through():
+    def fn(x):
+        return x.sum(0)
+
+    def raises_index_error(gm, example_inputs):
+        raise IndexError("dimension out of range (from the backend)")
+
+    with pytest.raises(IndexError, match="from the backend"):  # what torch.compile alone does
+        torch.compile(fn, backend=graphmend.with_fallback(raises_index_error))(torch.ones(2, 3))
+    torch._dynamo.reset()
+
+
+def test_the_backend_gets_the_mode_and_options_torch_compile_would_give_it():
+    from graphmend.fallback import FallbackBackend
+
+    seen = []
+
+    def custom(gm, example_inputs, **kwargs):
+        seen.append(kwargs)
+        return gm.forward
+
+    torch.compile(lambda x: x * 2, backend=graphmend.with_fallback(custom), options={"answer": 42})(torch.ones(2))
+    torch._dynamo.reset()
+    assert seen == [{"options": {"answer": 42}}]
+    inductor = FallbackBackend("inductor")._compiler({"options": {"emulate_precision_casts": True}})
+    assert type(inductor) is torch._TorchCompileInductorWrapper
+    assert inductor.config["emulate_precision_casts"] is True

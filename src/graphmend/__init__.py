@@ -12,6 +12,7 @@ Python API::
 from .api import compile, mend, mended, unmend
 from .errors import GraphmendError, TargetError, UnsupportedEnvironment
 from .explain import ExplainReport, explain
+from .fallback import BackendFallbackWarning, with_fallback
 from .mend import MendReport, SiteOutcome
 from .sites import BreakSite
 from .targets import Target, load_target
@@ -19,6 +20,7 @@ from .targets import Target, load_target
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackendFallbackWarning",
     "BreakSite",
     "ExplainReport",
     "GraphmendError",
@@ -30,6 +32,7 @@ __all__ = [
     "mend",
     "mended",
     "unmend",
+    "with_fallback",
     "MendReport",
     "SiteOutcome",
     "load_target",

@@ -27,6 +27,7 @@ import torch
 from . import runtime
 from .compat import check_environment
 from .errors import UnsupportedEnvironment
+from .fallback import compile_kwargs
 from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
 from .targets import target_from_objects
 from .verify import quiet
@@ -192,7 +193,8 @@ def compile(
     if example_inputs is not None:
         ensure_mended(*_split_inputs(example_inputs))
 
-    inner = torch.compile(model, **torch_compile_kwargs)
+    # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
+    inner = torch.compile(model, **compile_kwargs(torch_compile_kwargs))
 
     if isinstance(model, torch.nn.Module):
         regions = _Regions()

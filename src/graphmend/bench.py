@@ -238,6 +238,8 @@ def _check(report: BenchReport) -> None:
             report.problems.append(
                 f"the mended arm mended nothing although {fixable} site(s) were fixable: it measured the original twice"
             )
+        for failure in mended.get("backend_failures", []):
+            report.problems.append(f"the backend failed on a mended graph, which ran without it: {failure}")
         if mended.get("graphs", 0) > original.get("graphs", 0):
             report.problems.append("the mended arm compiled more graphs than the original")
         if original.get("device") != mended.get("device") or original.get("tf32") != mended.get("tf32"):
@@ -423,6 +425,10 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             graphs.append(1)
             return gm.forward
 
+    if spec["arm"] == "mended":  # as graphmend.compile does: a graph the backend fails on runs as captured
+        from .fallback import FallbackBackend
+
+        backend = fallback = FallbackBackend(backend)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     step = torch.compiler.cudagraph_mark_step_begin if mode == "reduce-overhead" else (lambda: None)
@@ -468,6 +474,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
                 call(a, k)
             throughput[str(batch)] = round(batch * n / (time.perf_counter() - start), 2)
     median = statistics.median(times)
+    if spec["arm"] == "mended":
+        result["backend_failures"] = [f"{where}: {error}" for where, error in fallback.failures]
     result.update(
         ok=True,
         cold_start_s=round(cold, 4),

@@ -1,0 +1,142 @@
+"""The backend ``graphmend.compile`` hands to ``torch.compile``: yours, per graph,
+with the captured graph run as it is when yours fails on it.
+
+Mending joins code that graph breaks used to split, so a backend sees graphs
+the original never produced. A backend can refuse one that eager Python runs:
+under grad, AOTAutograd traces the backward of every output that requires
+grad, and fails ("a variable needed for gradient computation has been modified
+by an inplace operation") on an output whose history holds a tensor changed in
+place later. Eager autograd only fails if that backward is ever run, and in
+the original the break had cut the output out of the graph::
+
+    s = h.amax()                  # AmaxBackward saves its result
+    logger.info("norm %s", n)     # the break: s leaves graph 1, enters graph 2
+    s.add_(1)                     # graph 2: s is a mutated input, no backward traced
+    return h, s                   # the caller never uses s
+
+Mended, the log is deferred and the three lines are one graph returning
+``s``: ``aot_eager`` and Inductor fail to compile it. ``graphmend.compile``
+must never fail where ``torch.compile`` alone works, so when the backend
+raises on a graph, that graph runs as Dynamo captured it (what the ``eager``
+backend does: the same ops, eager autograd) and a
+:class:`BackendFallbackWarning` names it. The other graphs stay compiled.
+
+Exceptions Dynamo turns into its own control flow (a graph break, a restart,
+a skipped frame, an ``IndexError`` it shows as the user's) pass through.
+``graphmend.with_fallback(backend)`` gives the same backend to a user who
+mends with ``graphmend.mend`` and calls ``torch.compile`` themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any, Callable
+
+import torch
+
+
+class BackendFallbackWarning(RuntimeWarning):
+    """The backend failed on a graph of mended code; that graph runs without it."""
+
+
+def _pass_through() -> tuple[type[BaseException], ...]:
+    from torch._dynamo import exc
+
+    names = ("TensorifyScalarRestartAnalysis", "ShortenTraceback", "SkipFrame")
+    kinds = tuple(getattr(exc, n) for n in names if hasattr(exc, n))
+    return (*kinds, *exc.exceptions_allowed_to_be_fallback, IndexError)
+
+
+class FallbackBackend:
+    """A ``torch.compile`` backend: ``backend`` on each graph, the graph as
+    captured where ``backend`` raises. ``failures`` lists (graph, error) seen."""
+
+    def __init__(self, backend: str | Callable[..., Any] | None = "inductor", dynamic: bool | None = None) -> None:
+        self.backend = "inductor" if backend is None else backend
+        self.dynamic = dynamic
+        self.__name__ = self.backend if isinstance(self.backend, str) else getattr(
+            self.backend, "__name__", type(self.backend).__name__
+        )
+        self.failures: list[tuple[str, str]] = []
+        self._compilers: dict[str, Callable[[Any, Any], Any]] = {}
+
+    def _compiler(self, kwargs: dict[str, Any]) -> Callable[[Any, Any], Any]:
+        """What ``torch.compile(backend=self.backend, mode=..., options=...)`` would call."""
+        key = repr(sorted(kwargs.items()))
+        if key not in self._compilers:
+            if self.backend == "inductor":  # mode and options become Inductor config, as torch.compile does
+                inductor = torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), self.dynamic)
+                self._compilers[key] = inductor
+            else:
+                from torch._dynamo.backends.registry import lookup_backend
+
+                fn = lookup_backend(self.backend)
+                self._compilers[key] = lambda gm, example_inputs: fn(gm, example_inputs, **kwargs)
+        return self._compilers[key]
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiler = self._compiler(kwargs)
+        # What the attempt warns is shown unless the attempt fails: autograd's anomaly
+        # report before AOTAutograd raises is summed up by the one warning below.
+        shown: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as shown:
+                compiled = compiler(gm, example_inputs)
+        except Exception as exc:
+            if isinstance(exc, _pass_through()):  # Dynamo's own control flow
+                _show(shown)
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            error = f"{type(exc).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
+            where = _graph_origin(gm)
+            self.failures.append((where, error))
+            warnings.warn(
+                f"graphmend: the {self.__name__} backend failed on the graph of {where} ({error}); "
+                "that graph runs as captured, without the backend",
+                BackendFallbackWarning,
+                stacklevel=2,
+            )
+            return gm.forward
+        _show(shown)
+        return compiled
+
+    def reset(self) -> None:
+        for compiler in self._compilers.values():
+            if hasattr(compiler, "reset"):
+                compiler.reset()
+
+
+def _show(messages: list[warnings.WarningMessage]) -> None:
+    for message in messages:
+        warnings._showwarnmsg(message)  # as it would have been shown, filters already applied
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
+
+
+def _graph_origin(gm: torch.fx.GraphModule) -> str:
+    """``fn (file:line)`` of the graph's first traced line, from the nodes' stack traces."""
+    for node in gm.graph.nodes:
+        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+        if frames:
+            path, line, fn = frames[-1]
+            name = _RESUME.sub(r"\1", fn)
+            return f"{name} ({os.path.basename(path)}:{line})"
+    return "a mended function"
+
+
+def with_fallback(backend: str | Callable[..., Any] | None = "inductor", *, dynamic: bool | None = None) -> FallbackBackend:
+    """``torch.compile(model, backend=graphmend.with_fallback("inductor"))``: ``backend`` on every
+    graph, and a graph it fails on runs as captured (with a :class:`BackendFallbackWarning`)."""
+    return FallbackBackend(backend, dynamic)
+
+
+def compile_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments with the backend wrapped (AOTInductor packaging is left as it is)."""
+    options = kwargs.get("options") or {}
+    if isinstance(kwargs.get("backend"), FallbackBackend) or (isinstance(options, dict) and options.get("use_aoti")):
+        return kwargs
+    return {**kwargs, "backend": FallbackBackend(kwargs.get("backend", "inductor"), kwargs.get("dynamic"))}
