@@ -212,3 +212,11 @@ def test_the_backend_gets_the_mode_and_options_torch_compile_would_give_it():
     inductor = FallbackBackend("inductor")._compiler({"options": {"emulate_precision_casts": True}})
     assert type(inductor) is torch._TorchCompileInductorWrapper
     assert inductor.config["emulate_precision_casts"] is True
+    # graphmend.compile: Inductor configured by mode / options exactly as torch.compile configures it
+    for kwargs in ({}, {"mode": "max-autotune-no-cudagraphs"}, {"options": {"emulate_precision_casts": True}}):
+        ours = graphmend.compile(torch.nn.Linear(2, 2), **kwargs).get_compiler_config()
+        assert ours == torch.compile(torch.nn.Linear(2, 2), **kwargs).get_compiler_config()
+        assert ours["max_autotune"] is ("mode" in kwargs)
+        assert ours["emulate_precision_casts"] is ("options" in kwargs)
+    with pytest.raises(RuntimeError, match="Either mode or options"):  # torch.compile's own refusal
+        graphmend.compile(torch.nn.Linear(2, 2), mode="max-autotune", options={"emulate_precision_casts": True})

@@ -27,7 +27,7 @@ import torch
 from . import runtime
 from .compat import check_environment
 from .errors import UnsupportedEnvironment
-from .fallback import compile_kwargs
+from .fallback import FallbackBackend, compile_kwargs
 from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
 from .targets import target_from_objects
 from .verify import quiet
@@ -194,7 +194,10 @@ def compile(
         ensure_mended(*_split_inputs(example_inputs))
 
     # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
-    inner = torch.compile(model, **compile_kwargs(torch_compile_kwargs))
+    kwargs = compile_kwargs(torch_compile_kwargs)
+    inner = torch.compile(model, **kwargs)
+    if isinstance(kwargs.get("backend"), FallbackBackend) and hasattr(inner, "get_compiler_config"):
+        inner.get_compiler_config = kwargs["backend"].get_compiler_config  # what torch.compile's would say
 
     if isinstance(model, torch.nn.Module):
         regions = _Regions()

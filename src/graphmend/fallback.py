@@ -51,9 +51,19 @@ def _pass_through() -> tuple[type[BaseException], ...]:
 
 class FallbackBackend:
     """A ``torch.compile`` backend: ``backend`` on each graph, the graph as
-    captured where ``backend`` raises. ``failures`` lists (graph, error) seen."""
+    captured where ``backend`` raises. ``failures`` lists (graph, error) seen.
 
-    def __init__(self, backend: str | Callable[..., Any] | None = "inductor", dynamic: bool | None = None) -> None:
+    ``mode`` and ``options`` configure ``backend`` as ``torch.compile`` would
+    (given here, the backend is built at once, as ``torch.compile`` builds
+    Inductor's; given to ``torch.compile``, they arrive with the first graph)."""
+
+    def __init__(
+        self,
+        backend: str | Callable[..., Any] | None = "inductor",
+        dynamic: bool | None = None,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.backend = "inductor" if backend is None else backend
         self.dynamic = dynamic
         self.__name__ = self.backend if isinstance(self.backend, str) else getattr(
@@ -61,6 +71,18 @@ class FallbackBackend:
         )
         self.failures: list[tuple[str, str]] = []
         self._compilers: dict[str, Callable[[Any, Any], Any]] = {}
+        self._preset: dict[str, Any] = {}  # what torch.compile passes a backend: mode / options when set
+        if mode and mode != "default":
+            self._preset["mode"] = mode
+        if options:
+            self._preset["options"] = options
+        compiler = self._compiler(self._preset)
+        # torch.compile asks Inductor's wrapper for its config at once (importing Inductor then)
+        # and serves it as OptimizedModule.get_compiler_config(); graphmend.compile serves this.
+        self.compiler_config = compiler.get_compiler_config() if hasattr(compiler, "get_compiler_config") else None
+
+    def get_compiler_config(self) -> Any:
+        return self.compiler_config
 
     def _compiler(self, kwargs: dict[str, Any]) -> Callable[[Any, Any], Any]:
         """What ``torch.compile(backend=self.backend, mode=..., options=...)`` would call."""
@@ -77,7 +99,7 @@ class FallbackBackend:
         return self._compilers[key]
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-        compiler = self._compiler(kwargs)
+        compiler = self._compiler({**self._preset, **kwargs})
         # What the attempt warns is shown unless the attempt fails: autograd's anomaly
         # report before AOTAutograd raises is summed up by the one warning below.
         shown: list[warnings.WarningMessage] = []
@@ -128,15 +150,33 @@ def _graph_origin(gm: torch.fx.GraphModule) -> str:
     return "a mended function"
 
 
-def with_fallback(backend: str | Callable[..., Any] | None = "inductor", *, dynamic: bool | None = None) -> FallbackBackend:
+def with_fallback(
+    backend: str | Callable[..., Any] | None = "inductor",
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    dynamic: bool | None = None,
+) -> FallbackBackend:
     """``torch.compile(model, backend=graphmend.with_fallback("inductor"))``: ``backend`` on every
-    graph, and a graph it fails on runs as captured (with a :class:`BackendFallbackWarning`)."""
-    return FallbackBackend(backend, dynamic)
+    graph, and a graph it fails on runs as captured (with a :class:`BackendFallbackWarning`).
+    ``mode`` / ``options`` configure ``backend`` (or pass them to ``torch.compile``)."""
+    return FallbackBackend(backend, dynamic, mode, options)
 
 
 def compile_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``torch.compile`` keyword arguments with the backend wrapped (AOTInductor packaging is left as it is)."""
-    options = kwargs.get("options") or {}
-    if isinstance(kwargs.get("backend"), FallbackBackend) or (isinstance(options, dict) and options.get("use_aoti")):
+    """``torch.compile`` keyword arguments with the backend wrapped; the backend's ``mode`` and
+    ``options`` move into the wrapper (``guard_filter_fn`` stays: it is Dynamo's). Left as they
+    are: both ``mode`` and ``options`` (torch.compile refuses that itself) and AOTInductor."""
+    mode, options = kwargs.get("mode"), kwargs.get("options")
+    if isinstance(kwargs.get("backend"), FallbackBackend) or (mode is not None and options is not None):
         return kwargs
-    return {**kwargs, "backend": FallbackBackend(kwargs.get("backend", "inductor"), kwargs.get("dynamic"))}
+    if options is not None and (not isinstance(options, dict) or options.get("use_aoti")):
+        return kwargs
+    options = dict(options or {})
+    dynamo_options = {k: options.pop(k) for k in ("guard_filter_fn",) if k in options}
+    backend = FallbackBackend(kwargs.get("backend", "inductor"), kwargs.get("dynamic"), mode, options or None)
+    out = {k: v for k, v in kwargs.items() if k not in ("mode", "options")}
+    out["backend"] = backend
+    if dynamo_options:
+        out["options"] = dynamo_options
+    return out

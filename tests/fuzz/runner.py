@@ -386,7 +386,7 @@ def _inductor(model: torch.nn.Module) -> Callable:
     # told to emulate it: a value that a graph break used to materialise in
     # fp16 (and that a print shows) is then fp32 inside the fused graph. Both
     # arms, the mended program and the control, compile this way.
-    return torch.compile(model, backend=graphmend.with_fallback("inductor"), options={"emulate_precision_casts": True})
+    return torch.compile(model, backend=graphmend.with_fallback("inductor", options={"emulate_precision_casts": True}))
 
 
 _BACKENDS = {
