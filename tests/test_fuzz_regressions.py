@@ -344,3 +344,20 @@ def test_a_graph_the_backend_fails_on_runs_as_captured_and_outputs_and_gradients
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
     assert result.fallbacks >= 1  # the failing graph was met, and ran as captured
+
+
+def test_a_log_call_that_was_not_deferred_does_not_make_dynamo_trace_the_watch():
+    """Found by the fuzzer (seed 9): the runtime's log record factory (and warning hook) ran under
+    Dynamo's frame callback when an un-deferred `logger.warning` ran eagerly; Dynamo traced it into
+    `time.time` and warned "does not know how to trace the builtin `time.time`" (counting and
+    aot_eager arms, inf input). The watch's hooks are now never compiled."""
+    import os
+
+    from fuzz.generator import Program
+    from fuzz.runner import check_program
+
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fuzz_record_factory.py")
+    result = check_program(Program(open(path).read()), seed=8, start=0, aot=True)
+    assert result.status == "checked"
+    assert any(status == "declined" for _, _, status, _ in result.outcomes)  # the logger call stays as written
+    assert result.mismatches == [], result.mismatches[:2]

@@ -202,11 +202,15 @@ class _Watch:
     saved: dict[str, Any] = {}
 
 
+# Called from eager code (warnings, logging) inside the model's call: Dynamo must not compile
+# these frames (it would trace logging.LogRecord into `time.time`: a break and a warning of its own).
+@torch.compiler.disable
 def _showwarnmsg(msg: Any) -> None:
     _before_effect(getattr(msg, "filename", None))
     _Watch.saved["showwarnmsg"](msg)
 
 
+@torch.compiler.disable
 def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
     _before_effect(args[2] if len(args) > 2 else kwargs.get("pathname"))
     return _Watch.saved["factory"](*args, **kwargs)

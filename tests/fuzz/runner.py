@@ -228,6 +228,10 @@ class Result:
 
 
 def _series(make: Callable[[], tuple[Callable, torch.nn.Module]], xs: list[torch.Tensor], *, region: bool, grad: bool) -> list[Observation]:
+    # Dynamo warns some things once per process (utils.warn_once: "does not know how to trace
+    # the builtin `time.time`"): each series starts as a fresh process would, so the control
+    # series of the original shows what the mended one showed when Dynamo does it to both.
+    torch._dynamo.utils.warn_once_cache.clear()
     fn, state_of = make()
     return [call(fn, state_of, x, region=region, grad=grad) for x in xs]
 
