@@ -142,3 +142,5 @@ def test_mend_unknown_rule_is_a_usage_error(capsys):
 def test_rules_listing(capsys):
     code, out, _ = run(capsys, "rules")
     assert code == 0 and "defer" in out and "where" in out
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "(TI, after scalar)" in lines["speculate"] and " DC " in lines["where"]  # no empty category column

@@ -220,8 +220,10 @@ def cmd_rules(ns: argparse.Namespace) -> int:
             raise GraphmendError(f"no rule named {ns.name!r}; rules are {', '.join(sorted(rules))}")
         Console().print(Markdown(rule.doc))
         return EXIT_CLEAN
-    for name, rule in sorted(rules.items()):
-        print(f"{name:8} {'/'.join(sorted(rule.categories)):6} {rule.summary}")
+    rows = [(name, "/".join(sorted(rule.categories)) or f"({rule.offered})", rule.summary) for name, rule in sorted(rules.items())]
+    widths = [max(len(row[i]) for row in rows) for i in (0, 1)]
+    for name, categories, summary in rows:
+        print(f"{name:{widths[0]}}  {categories:{widths[1]}}  {summary}")
     return EXIT_CLEAN
 
 

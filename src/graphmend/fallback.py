@@ -100,16 +100,15 @@ class FallbackBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         compiler = self._compiler({**self._preset, **kwargs})
-        # What the attempt warns is shown unless the attempt fails: autograd's anomaly
-        # report before AOTAutograd raises is summed up by the one warning below.
-        shown: list[warnings.WarningMessage] = []
         try:
-            with warnings.catch_warnings(record=True) as shown:
-                compiled = compiler(gm, example_inputs)
+            with warnings.catch_warnings():
+                # AOTAutograd traces the backward in anomaly mode: one it cannot trace first warns
+                # "Error detected in <Op>Backward0 ..."; the notice below says it once instead.
+                warnings.filterwarnings("ignore", "Error detected in ", UserWarning, r"torch\.autograd")
+                return compiler(gm, example_inputs)
+        except _pass_through():  # Dynamo's own control flow
+            raise
         except Exception as exc:
-            if isinstance(exc, _pass_through()):  # Dynamo's own control flow
-                _show(shown)
-                raise
             first = (str(exc).strip().splitlines() or [""])[0]
             error = f"{type(exc).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
             where = _graph_origin(gm)
@@ -121,18 +120,11 @@ class FallbackBackend:
                 stacklevel=2,
             )
             return gm.forward
-        _show(shown)
-        return compiled
 
     def reset(self) -> None:
         for compiler in self._compilers.values():
             if hasattr(compiler, "reset"):
                 compiler.reset()
-
-
-def _show(messages: list[warnings.WarningMessage]) -> None:
-    for message in messages:
-        warnings._showwarnmsg(message)  # as it would have been shown, filters already applied
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')

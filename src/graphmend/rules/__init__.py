@@ -163,6 +163,7 @@ class Rule:
 
     name: ClassVar[str] = ""
     categories: ClassVar[frozenset[str]] = frozenset()
+    offered: ClassVar[str] = ""  # a rule not claiming a category: which sites it is offered, for listings
     summary: ClassVar[str] = ""
 
     @property

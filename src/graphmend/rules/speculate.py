@@ -54,6 +54,7 @@ from . import Decline, Rule, RewriteContext, register
 class Speculate(Rule):
     name = "speculate"
     categories = frozenset()  # not claimed by category: mend.py offers it the TI sites [scalar] left
+    offered = "TI, after scalar"
     summary = "guess a host value that steers control flow; check it when the call ends, run again if wrong"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
