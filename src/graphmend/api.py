@@ -26,7 +26,7 @@ import torch
 
 from . import runtime
 from .compat import check_environment
-from .errors import UnsupportedEnvironment
+from .errors import UnsupportedEnvironment, describe
 from .fallback import FallbackBackend, compile_kwargs
 from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
 from .targets import target_from_objects
@@ -179,9 +179,8 @@ def compile(
                 state["report"] = _mend(model, args, kwargs, rules=rules, verify=verify, silent=True)
             except Exception as exc:  # never fail where torch.compile alone would work
                 unmend(model)
-                first = (str(exc).strip().splitlines() or [""])[0]
                 warnings.warn(
-                    f"graphmend: could not mend {type(model).__name__} ({type(exc).__name__}: {first}); "
+                    f"graphmend: could not mend {type(model).__name__} ({describe(exc)}); "
                     "compiling it unchanged",
                     RuntimeWarning,
                     stacklevel=3,

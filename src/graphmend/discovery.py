@@ -265,16 +265,25 @@ def entry_of(fn: Callable[..., Any]) -> tuple[str, str] | None:
 _STACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 
+def node_origin(node: torch.fx.Node) -> tuple[str, int, str] | None:
+    """(file, line, function) of the user line an FX node was traced from; a
+    resume function is named after the function it resumes."""
+    frames = _STACK_FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return None
+    file, line, func = frames[-1]
+    return file, int(line), _function_name(func)
+
+
 def _captured_asserts(gm: torch.fx.GraphModule) -> tuple[tuple[str, int, str], ...]:
     """Asserts Dynamo turned into ``_assert_async`` (no break, but a compiled
     failure raises RuntimeError where eager raises AssertionError)."""
     found = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and "_assert_async" in getattr(node.target, "__name__", str(node.target)):
-            frames = _STACK_FRAME.findall(node.meta.get("stack_trace") or "")
-            if frames:
-                file, line, func = frames[-1]
-                found.append((file, int(line), _function_name(func)))
+            origin = node_origin(node)
+            if origin:
+                found.append(origin)
     return tuple(found)
 
 

@@ -22,6 +22,14 @@ class GraphmendError(Exception):
         return self.message
 
 
+def describe(exc: BaseException, limit: int | None = None) -> str:
+    """``Type: first line of the message`` (cut to ``limit`` characters), for a warning or a decline reason."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if limit is not None and len(first) > limit:
+        first = first[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {first}"
+
+
 class TargetError(GraphmendError):
     """The target cannot be loaded, built, or run eagerly."""
 

@@ -30,11 +30,13 @@ mends with ``graphmend.mend`` and calls ``torch.compile`` themselves.
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from typing import Any, Callable
 
 import torch
+
+from .discovery import node_origin
+from .errors import describe
 
 
 class BackendFallbackWarning(RuntimeWarning):
@@ -109,8 +111,7 @@ class FallbackBackend:
         except _pass_through():  # Dynamo's own control flow
             raise
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
-            error = f"{type(exc).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
+            error = describe(exc, limit=160)
             where = _graph_origin(gm)
             self.failures.append((where, error))
             warnings.warn(
@@ -127,18 +128,13 @@ class FallbackBackend:
                 compiler.reset()
 
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
-_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
-
-
 def _graph_origin(gm: torch.fx.GraphModule) -> str:
     """``fn (file:line)`` of the graph's first traced line, from the nodes' stack traces."""
     for node in gm.graph.nodes:
-        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
-        if frames:
-            path, line, fn = frames[-1]
-            name = _RESUME.sub(r"\1", fn)
-            return f"{name} ({os.path.basename(path)}:{line})"
+        origin = node_origin(node)
+        if origin:
+            path, line, fn = origin
+            return f"{fn} ({os.path.basename(path)}:{line})"
     return "a mended function"
 
 

@@ -38,6 +38,7 @@ from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import trace_breaks
+from .errors import describe
 from .rules import Decline, load_rules
 from .sites import BreakSite, display_path
 from .targets import Target, private_copy, run_eager
@@ -562,8 +563,7 @@ def _trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
     except Exception as exc:
         if not flags:
             raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return Trial(flags, error=f"{type(exc).__name__}: {first}")
+        return Trial(flags, error=describe(exc))
     report = report_from_trace(target.name, trace)
     return Trial(flags, report.graphs, report.recompiles, trace.frames_skipped, report=report)
 

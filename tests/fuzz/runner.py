@@ -46,6 +46,7 @@ import torch
 
 import graphmend
 from graphmend import runtime
+from graphmend.discovery import _function_name
 from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
@@ -128,7 +129,7 @@ def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bo
             obs.exception = (type(exc).__qualname__, str(exc))
     # Dynamo runs the code after a graph break as `torch_dynamo_resume_in_<fn>_at_<line>`:
     # a log record made there names that function. Its name, not the record, is the backend's.
-    obs.records = [(*r[:4], _RESUME.sub(r"\1", r[4]), *r[5:]) for r in obs.records]
+    obs.records = [(*r[:4], _function_name(r[4]), *r[5:]) for r in obs.records]
     # graphmend's own notice that the backend failed on a graph (which then ran as captured)
     FALLBACKS["warnings"] += sum(w[0] == "BackendFallbackWarning" for w in obs.warnings)
     obs.warnings = [w for w in obs.warnings if w[0] != "BackendFallbackWarning"]
@@ -137,7 +138,6 @@ def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bo
     return obs
 
 
-_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
 FALLBACKS: Counter = Counter()
 
 
