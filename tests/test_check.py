@@ -86,7 +86,7 @@ def test_guards():
     assert {f.rule for f in report.findings} == {"trap"}
 
 
-def test_informational_codes_only_when_selected():
+def test_scalar_codes_only_when_selected_and_never_safe():
     assert table(fixture("scalars.py"))[0] == []
     found, report = table(fixture("scalars.py"), "GM4")
     assert found == [
@@ -96,7 +96,10 @@ def test_informational_codes_only_when_selected():
         (10, 11, "GM402", False),  # torch.nonzero(x)
         (11, 14, "GM402", False),  # x[x > 0]
     ]
-    assert all(f.rule is None and f.why is None for f in report.findings)
+    assert {f.rule for f in report.findings} == {"scalar"}
+    assert all(f.why.startswith("[Scalar] decides on the live model") for f in report.findings)
+    assert "capture_dynamic_output_shape_ops" in report.findings[-1].why
+    assert all(line.endswith("]") and " [scalar, needs a run: [Scalar] decides" in line for line in report.lines())
 
 
 def test_fixture_comments_agree_with_findings():
@@ -181,7 +184,7 @@ def test_json_schema(capsys):
     for f in data["findings"]:
         assert set(f) == keys
         assert f["code"] in CODES and f["rule"] == CODES[f["code"]][0]
-        assert (f["why"] is None) == (f["safe"] or f["rule"] is None)
+        assert (f["why"] is None) == (f["safe"] or f["code"] == "GM000")
     order = [(f["path"], f["line"], f["col"]) for f in data["findings"]]
     assert order == sorted(order)
 

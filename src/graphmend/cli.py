@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="list candidate break sites in source files, statically (no model, no run)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders")
     p.add_argument("--json", action="store_true", help="print the findings as JSON (schema in the README)")
-    p.add_argument("--select", help="comma-separated codes or prefixes (GM101,GM2; ALL adds the informational GM4xx)")
+    p.add_argument("--select", help="comma-separated codes or prefixes (GM101,GM2; ALL adds the opt-in [Scalar] GM4xx)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 

@@ -18,11 +18,11 @@ that fixes it and whether that rewrite is safe to apply without a run.
 | GM301 | trap  | `if <tensor test>: raise E(...)` |
 | GM302 | trap  | `assert <tensor test>` |
 | GM303 | trap  | `torch._assert(<tensor test>, msg)` |
-| GM401 | -     | out of scope, informational: `.item()` / `.tolist()` on a tensor (TI) |
-| GM402 | -     | out of scope, informational: `.nonzero()`, `torch.nonzero`, `x[bool_mask]` (DO) |
+| GM401 | scalar | `.item()` / `.tolist()` on a tensor (TI) |
+| GM402 | scalar | `.nonzero()`, `torch.nonzero`, `x[bool_mask]` (DO) |
 
-GM4xx are reported only when selected (``--select GM4`` or ``--select ALL``);
-GM000 always is.
+GM4xx are reported only when selected (``--select GM4`` or ``--select ALL``),
+and never as safe: [Scalar] decides on the live model. GM000 always is.
 Codes are stable: a new pattern gets a new code.
 
 ## Provably a tensor
@@ -55,8 +55,9 @@ and line (columns are 1-based characters), then ``N sites in M files (K
 safe), F files checked`` on stderr. ``--json`` prints ``{"schema": 1,
 "files_checked", "files_with_sites", "sites", "safe", "unparsed", "counts",
 "findings": [{"path", "line", "col", "code", "rule", "message", "function",
-"safe", "why"}]}``. Exit 1 when anything is reported, 0 when nothing, 2 for a
-usage error (a path that does not exist, an unknown code).
+"safe", "why"}]}`` (``rule`` null for GM000, ``why`` null when safe). Exit 1
+when anything is reported, 0 when nothing, 2 for a usage error (a path that
+does not exist, an unknown code).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import GraphmendError
-from .find import CODES, INFORMATIONAL, Finding, find_in_source
+from .find import CODES, Finding, find_in_source
 
 __all__ = ["CODES", "CheckReport", "Finding", "check_paths", "parse_select"]
 
@@ -144,8 +145,6 @@ def _line(f: Finding) -> str:
     rule = f.rule
     if f.code == "GM000":
         tail = ""
-    elif f.code in INFORMATIONAL:
-        tail = f" [out of scope, informational: {INFORMATIONAL[f.code]}]"
     else:
         tail = f" [{rule}, safe]" if f.safe else f" [{rule}, needs a run: {f.why}]"
     return f"{f.path}:{f.line}:{f.col}: {f.code} {f.message}{tail}"
@@ -153,13 +152,13 @@ def _line(f: Finding) -> str:
 
 def check_paths(paths: list[str], select: tuple[str, ...] = _DEFAULT_PREFIXES) -> CheckReport:
     files = python_files(paths)
-    informational = any(p.startswith("GM4") or "GM4".startswith(p) for p in select)
-    findings = _check_files(files, select, informational)
+    opt_in = any(p.startswith("GM4") or "GM4".startswith(p) for p in select)
+    findings = _check_files(files, select, opt_in)
     findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     return CheckReport(files_checked=len(files), findings=findings)
 
 
-def _check_files(files: list[str], select: tuple[str, ...], informational: bool) -> list[Finding]:
+def _check_files(files: list[str], select: tuple[str, ...], opt_in: bool) -> list[Finding]:
     findings: list[Finding] = []
     # Syntax trees hold no reference cycles; with torch imported, the cyclic
     # collector's passes over them would double the run time.
@@ -167,17 +166,17 @@ def _check_files(files: list[str], select: tuple[str, ...], informational: bool)
     gc.disable()
     try:
         for path in files:
-            findings.extend(_check_file(path, select, informational))
+            findings.extend(_check_file(path, select, opt_in))
     finally:
         if collecting:
             gc.enable()
     return findings
 
 
-def _check_file(path: str, select: tuple[str, ...], informational: bool) -> list[Finding]:
+def _check_file(path: str, select: tuple[str, ...], opt_in: bool) -> list[Finding]:
     try:
         with open(path, "rb") as fh:
             source = fh.read()
     except OSError as exc:
         return [Finding(path, 1, 1, "GM000", f"cannot read: {exc.strerror} (file skipped)", "")]
-    return [f for f in find_in_source(path, source, informational) if f.code == "GM000" or f.code.startswith(select)]
+    return [f for f in find_in_source(path, source, opt_in) if f.code == "GM000" or f.code.startswith(select)]

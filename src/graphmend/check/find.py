@@ -9,9 +9,10 @@ scanned on their own). What a site needs:
 * GM201-203 (print / logger / warnings.warn): the call is in ``forward`` of an
   ``nn.Module`` subclass of the file or in a function it reaches
   (``scope.reachable_from_forward``);
-* GM401-402 (informational): ``.item()`` / ``.tolist()`` / ``.nonzero()`` on a
-  proven tensor, ``torch.nonzero``, indexing with a boolean tensor; not inside
-  a deferred call's arguments or a ``raise``, which only run when they act.
+* GM401-402 (opt-in, [Scalar]): ``.item()`` / ``.tolist()`` / ``.nonzero()`` on
+  a proven tensor, ``torch.nonzero``, indexing with a boolean tensor; not
+  inside a deferred call's arguments or a ``raise``, which only run when they
+  act. Never ``safe``: [Scalar] decides on the live model.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ CODES: dict[str, tuple[str | None, str]] = {
     "GM301": ("trap", "`raise` guarded by a tensor value"),
     "GM302": ("trap", "`assert` on a tensor value"),
     "GM303": ("trap", "`torch._assert` on a tensor value"),
-    "GM401": (None, "tensor to Python scalar (`.item()`, `.tolist()`)"),
-    "GM402": (None, "data-dependent output shape (`nonzero`, boolean mask)"),
+    "GM401": ("scalar", "tensor to Python scalar (`.item()`, `.tolist()`)"),
+    "GM402": ("scalar", "data-dependent output shape (`nonzero`, boolean mask)"),
 }
 
 _EFFECT_CODES = {"print": "GM201", "warn": "GM203", "warnings.warn": "GM203", "warnings.warn_explicit": "GM203"}
 
-#: The torch setting that captures an out-of-scope pattern instead.
-INFORMATIONAL = {
-    "GM401": "torch._dynamo.config.capture_scalar_outputs=True",
-    "GM402": "torch._dynamo.config.capture_dynamic_output_shape_ops=True",
+#: Codes reported only when selected (``--select GM4``), and why [Scalar]
+#: needs a run for them: its source rewrites depend on how the value is used
+#: and on dtypes and devices, and the capture setting it falls back to is kept
+#: only when a measured run shows fewer graphs.
+OPT_IN = {
+    "GM401": "[Scalar] decides on the live model: a source rewrite where the value's use allows it, "
+    "else `capture_scalar_outputs` when a measured run shows fewer graphs",
+    "GM402": "[Scalar] decides on the live model: `capture_dynamic_output_shape_ops` "
+    "when a measured run shows fewer graphs",
 }
 
 
@@ -80,9 +86,9 @@ class Finding:
         }
 
 
-def find_in_source(path: str, source: bytes, informational: bool = True) -> list[Finding]:
+def find_in_source(path: str, source: bytes, opt_in: bool = True) -> list[Finding]:
     """The sites of one file (a single GM000 finding when it does not parse);
-    ``informational``: look for GM4xx too."""
+    ``opt_in``: look for GM4xx too."""
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
@@ -91,7 +97,7 @@ def find_in_source(path: str, source: bytes, informational: bool = True) -> list
         return [Finding(path, 1, 1, "GM000", f"cannot parse: {exc} (file skipped)", "")]
     scope = ModuleScope.of(path, tree)
     lines = source.splitlines()
-    scans = {id(fdef): _FunctionScan(scope, fdef, name, lines, informational) for fdef, name in _functions(tree.body, "")}
+    scans = {id(fdef): _FunctionScan(scope, fdef, name, lines, opt_in) for fdef, name in _functions(tree.body, "")}
     for scan in scans.values():
         scan.run()
     reached = reachable_from_forward(scope, lambda f: scans[id(f)].calls, lambda f: scans[id(f)].nested)
@@ -127,9 +133,9 @@ def _short(node: ast.AST, width: int = 60) -> str:
 class _FunctionScan:
     """The sites of one function, found in one walk of its own body."""
 
-    def __init__(self, scope: ModuleScope, fdef, qualname: str, lines: list[bytes], informational: bool) -> None:
+    def __init__(self, scope: ModuleScope, fdef, qualname: str, lines: list[bytes], opt_in: bool) -> None:
         self.scope, self.fdef, self.qualname, self.lines = scope, fdef, qualname, lines
-        self.informational = informational
+        self.opt_in = opt_in
         self.optimistic = optimistic_facts(fdef, scope.namespace)
         self._facts: FunctionFacts | None = None
         self.found: list[tuple[str, ast.AST, ast.stmt, str]] = []  # code, node, statement, message
@@ -158,10 +164,11 @@ class _FunctionScan:
         found = [item for item in self.found if reached or CODES[item[0]][0] != "defer"]
         out = [Finding(self.scope.path, node.lineno, self._col(node), code, message, self.qualname)
                for code, node, _, message in found]
-        judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code != "GM103"]
+        judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code != "GM103" and f.code not in OPT_IN]
         for finding in out:
             if finding.code == "GM103":
                 finding.why = "[Where] rewrites `if` statements; a conditional expression is left as it is"
+            finding.why = OPT_IN.get(finding.code, finding.why)
         if judged:
             verdicts = safety.judge(self.fdef, [(stmt, f.rule) for f, stmt in judged], self.scope)
             for (finding, _), why in zip(judged, verdicts):
@@ -240,7 +247,7 @@ class _FunctionScan:
                 self._add("GM103", node, stmt, f"conditional expression on a tensor value: `{_short(truth)}`")
         elif isinstance(node, ast.Call):
             deferred = self._call(node, stmt, deferred)
-        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and self.informational and not deferred:
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and self.opt_in and not deferred:
             if is_bool_tensor(node.slice, self.optimistic) and is_bool_tensor(node.slice, self.facts):
                 self._add("GM402", node, stmt, f"boolean-mask indexing `{_short(node)}`: the shape depends on the mask")
         elif isinstance(node, ast.Lambda):
@@ -260,7 +267,7 @@ class _FunctionScan:
             code = _EFFECT_CODES.get(dotted_name(func) or "", "GM202")
             self._add(code, call, stmt, f"`{_short(func)}(...)` in `{self.qualname}`, run by forward")
             return True
-        if deferred or not self.informational:
+        if deferred or not self.opt_in:
             return deferred
         if torch_fn == "nonzero" and _is_torch_attr(func, self.facts) == "nonzero":
             self._add("GM402", call, stmt, "`torch.nonzero`: the output shape depends on tensor values")
