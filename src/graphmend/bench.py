@@ -261,20 +261,6 @@ def _check(report: BenchReport) -> None:
 # one arm (runs in its own process)
 
 
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if hasattr(value, "__dict__") and not callable(value):
-        return [t for v in vars(value).values() for t in _tensors(v)]
-    return []
-
-
 def _batched(args: tuple, kwargs: dict, base: int, batch: int) -> tuple[tuple, dict]:
     import torch
 
@@ -360,7 +346,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     import torch._dynamo.utils as dynamo_utils
 
     from .targets import load_target
-    from .verify import quiet
+    from .verify import quiet, tensors_in
 
     device, mode = spec.get("device", "cpu"), spec.get("mode", "default")
     cuda = device.startswith("cuda")
@@ -390,7 +376,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             result["weights_pinned"] = True
         model = model.to(device)
     args, kwargs = _to_device(args, device), _to_device(kwargs, device)
-    result["inputs_sha"] = _sha(_tensors((args, kwargs)))
+    result["inputs_sha"] = _sha(tensors_in((args, kwargs)))
     with torch.no_grad(), quiet():  # one eager forward: lazy caches fill outside the measurement
         model(*args, **kwargs)
     def invoke(fn: Any, a: tuple, k: dict) -> Any:
@@ -458,13 +444,13 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         compile_s = compile_seconds() - before_compile
         result["graphs"] = len(graphs)
         result["breaks"] = max(0, len(graphs) - 1)
-        torch.save([t.detach().cpu() for t in _tensors(out)], spec["outputs"])
+        torch.save([t.detach().cpu() for t in tensors_in(out)], spec["outputs"])
         first_calls = [cold] + [timed(args, kwargs) for _ in range(3)]
         times = [timed(args, kwargs) * 1000 for _ in range(spec["iters"])]
         result["recompiles"] = len(graphs) - result["graphs"]
         result["per_forward"] = _profile_forward(lambda: call(args, kwargs), cuda)
         throughput = {}
-        base = next((t.shape[0] for t in _tensors((args, kwargs)) if t.dim() > 0), 1)
+        base = next((t.shape[0] for t in tensors_in((args, kwargs)) if t.dim() > 0), 1)
         for batch in spec["batches"]:
             a, k = _batched(args, kwargs, base, batch)
             call(a, k)  # compiles this shape

@@ -106,6 +106,20 @@ def quiet():
         yield
 
 
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output, in order: a tensor, dicts (``ModelOutput``),
+    tuples and lists of them, and the attributes of a plain object."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if hasattr(value, "__dict__") and not callable(value):
+        return [t for v in vars(value).values() for t in tensors_in(v)]
+    return []
+
+
 def _detach(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()

@@ -47,7 +47,7 @@ import torch
 import graphmend
 from graphmend import runtime
 from graphmend.discovery import _function_name
-from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state
+from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
     from effects_capture import capture
@@ -106,14 +106,6 @@ def _captured(obs: Observation):
     obs.stdout, obs.stderr, obs.records, obs.warnings = cap.stdout, cap.stderr, cap.records, cap.warnings
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bool, grad: bool) -> Observation:
     """One observed call: output (plus gradients under grad), exception, state, effects."""
     obs = Observation()
@@ -155,7 +147,7 @@ def _zero_dim(value: Any) -> Any:
 
 
 def _gradients(result: Any, arg: torch.Tensor, module: torch.nn.Module) -> dict[str, Any]:
-    outs = [t for t in _tensors(result) if t.requires_grad]
+    outs = [t for t in tensors_in(result) if t.requires_grad]
     if not outs:
         return {"backward": "no output requires grad"}
     sum(t.float().sum() for t in outs).backward()
@@ -170,7 +162,7 @@ def _close(a: Observation, b: Observation) -> list[str]:
     """Inductor: values to a tolerance (also the numbers in printed, logged and
     warned text: a fused graph reduces in another order), everything else exactly."""
     diffs = [d for d in compare(a, _texts_within_tolerance(a, b)) if "values differ" not in d]
-    for x, y in zip(_tensors(a.output), _tensors(b.output)):
+    for x, y in zip(tensors_in(a.output), tensors_in(b.output)):
         if x.shape == y.shape and not torch.allclose(x.double(), y.double(), rtol=1e-3, atol=1e-3, equal_nan=True):
             diffs.append("output: values differ beyond tolerance")
     return diffs

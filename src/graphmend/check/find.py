@@ -51,7 +51,8 @@ _EFFECT_CODES = {"print": "GM201", "warn": "GM203", "warnings.warn": "GM203", "w
 #: only when a measured run shows fewer graphs.
 OPT_IN = {
     "GM401": "[Scalar] decides on the live model: a source rewrite where the value's use allows it, "
-    "else `capture_scalar_outputs` when a measured run shows fewer graphs",
+    "else `capture_scalar_outputs` when a measured run shows fewer graphs "
+    "([Speculate] may guess a value that steers shapes, under `graphmend.compile`)",
     "GM402": "[Scalar] decides on the live model: `capture_dynamic_output_shape_ops` "
     "when a measured run shows fewer graphs",
 }
