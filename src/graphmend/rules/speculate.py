@@ -87,7 +87,7 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
 
     import torch
 
-    from .trap import Trap, _fresh_locals
+    from .trap import Trap
 
     model = ctx.model
     if not isinstance(model, torch.nn.Module):
@@ -97,14 +97,9 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
     fdef = definition_of(code) if code is not None else None
     if fdef is None:
         return "the model's forward source was not found"
-    scanner = Trap()
     # An effect that was not deferred is accepted as [Trap] accepts it: in a
     # speculating call the runtime stops the run before it (runtime.call).
-    scanner.assume_eval = True
-    scanner._scanned = {}
-    scanner._MAX_DEPTH = 12  # the whole call, not the rest of one function
-    with scanner._scanning(fdef, code.co_filename):
-        return scanner._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, 0)
+    return Trap.state_changes_in_call(fdef, code.co_filename, forward.__globals__, ctx)
 
 
 __all__ = ["Speculate", "reexecution_blocker"]

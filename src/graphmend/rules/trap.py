@@ -205,7 +205,8 @@ class Trap(Rule):
 
     # -- what runs after the check -------------------------------------------
 
-    _MAX_DEPTH = 6
+    max_depth = 6  # calls followed below the check's function
+    assume_eval = False  # True: branches taken only in training mode are skipped
 
     def _state_changes_after(self, stmt: ast.stmt, ctx: RewriteContext) -> str | None:
         from ..analysis import _path_to
@@ -234,6 +235,18 @@ class Trap(Rule):
                 if reason:
                     return reason
         return None
+
+    @classmethod
+    def state_changes_in_call(cls, fdef: Any, filename: str, namespace: dict, ctx: RewriteContext) -> str | None:
+        """Why running all of ``fdef`` could change state, or None: the scan of
+        a check's continuation applied to a whole call, as [Speculate] needs it
+        (deeper, and in eval mode: branches taken only in training skipped)."""
+        scanner = cls()
+        scanner.assume_eval = True
+        scanner.max_depth = 12
+        scanner._scanned = {}
+        with scanner._scanning(fdef, filename):
+            return scanner._mutation_in(fdef, _fresh_locals(fdef), namespace, ctx, 0)
 
     def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:
         from ..analysis import _path_to
@@ -273,7 +286,7 @@ class Trap(Rule):
         return None
 
     def _mutation_in(self, node: ast.AST, local: set[str], namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
-        if getattr(self, "assume_eval", False):
+        if self.assume_eval:
             node = _without_training_branches(node)
         passed = dict(getattr(self, "_callables", ()))  # parameters the caller passed `self.<attr>` for
         for sub in ast.walk(node):
@@ -347,7 +360,7 @@ class Trap(Rule):
         callables: frozenset[tuple[str, str]] = frozenset(),
     ) -> str | None:
         """A method or function called after the check: scan its body the same way."""
-        if depth >= self._MAX_DEPTH:
+        if depth >= self.max_depth:
             return f"calls `{label}`, too deep to check"
         code = fn.__code__
         key: Any = (id(code), fresh, callables) if fresh or callables else id(code)
@@ -435,7 +448,7 @@ class Trap(Rule):
                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and n is not current[0]
             ]
             if len(nested) == 1:
-                if depth >= self._MAX_DEPTH:
+                if depth >= self.max_depth:
                     return f"calls `{name}(...)`, too deep to check"
                 key = id(nested[0])
                 if key not in self._scanned:
@@ -475,14 +488,14 @@ class Trap(Rule):
                     if reason:
                         return reason
                     continue
-                if getattr(self, "assume_eval", False) and _pure_torch_builtin(value):
+                if self.assume_eval and _pure_torch_builtin(value):
                     continue
                 return f"calls `{label}`, which is not a module or a Python function"
             for module in value.modules():
                 cls = type(module)
                 if cls.__module__.startswith("torch.nn") and cls.__name__ in _STATELESS_MODULES:
                     continue
-                if depth >= self._MAX_DEPTH:
+                if depth >= self.max_depth:
                     return f"calls `{label}` ({cls.__name__}), too deep to check"
                 if id(cls) in self._scanned:
                     if self._scanned[id(cls)]:
