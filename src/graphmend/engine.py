@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from . import runtime, source
 from .rules import RUNTIME_NAME, Decline, RewriteContext, Rule
-from .source import first_line, parse_file
+from .source import first_line, parse_file, statement_in
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -204,41 +204,12 @@ class SiteRewrite:
     unalias: set[str] = field(default_factory=set)
 
 
-def _statement_in(body: list[ast.stmt], line: int) -> tuple[list[ast.stmt], int] | None:
-    """(containing list, index) of the innermost statement owning ``line``."""
-    from .source import _COMPOUND_HEADERS
-
-    for i, node in enumerate(body):
-        end = node.end_lineno or node.lineno
-        if not (node.lineno <= line <= end):
-            continue
-        header = _COMPOUND_HEADERS.get(type(node))
-        if header is not None:
-            head = header(node)
-            if line <= (head.end_lineno or head.lineno):
-                return body, i
-        if isinstance(node, ast.ClassDef):
-            return None  # a class body runs once, at definition
-        for name in ("body", "orelse", "finalbody"):
-            inner = getattr(node, name, None)
-            if inner:
-                found = _statement_in(inner, line)
-                if found is not None:
-                    return found
-        for handler in getattr(node, "handlers", []) or []:
-            found = _statement_in(handler.body, line)
-            if found is not None:
-                return found
-        return body, i
-    return None
-
-
 def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> FunctionNode:
     """Apply each site's rule to its statement in ``located.node`` (in place)."""
     ctx = RewriteContext.for_function(located.node, located.namespace, located.filename, model)
     # Bottom-up so that replacing one statement never moves another's index.
     for site in sorted(sites, key=lambda s: s.line, reverse=True):
-        found = _statement_in(located.node.body, site.line)
+        found = statement_in(located.node.body, site.line, into_classes=False)
         if found is None:
             site.reason = "no statement of this function holds the line"
             continue

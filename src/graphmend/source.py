@@ -58,7 +58,7 @@ _COMPOUND_HEADERS = {
 
 
 def statement_at(path: str, line: int) -> ast.stmt | None:
-    """The innermost statement that owns ``line``.
+    """The innermost statement of the file that owns ``line``.
 
     For a compound statement (``if``, ``while``, ``for``, ``with``) a line in
     its header returns the compound statement itself; a line in its body
@@ -67,11 +67,16 @@ def statement_at(path: str, line: int) -> ast.stmt | None:
     parsed = parse_file(path)
     if parsed is None:
         return None
-    return _find(parsed.tree.body, line)
+    found = statement_in(parsed.tree.body, line)
+    return None if found is None else found[0][found[1]]
 
 
-def _find(body: list[ast.stmt], line: int) -> ast.stmt | None:
-    for node in body:
+def statement_in(body: list[ast.stmt], line: int, into_classes: bool = True) -> tuple[list[ast.stmt], int] | None:
+    """``(block, index)`` of the innermost statement of ``body`` that owns
+    ``line`` (a header line owns its compound statement, a decorator line its
+    ``def``); ``into_classes=False`` stops at a class body (it runs once, at
+    definition, so a site there is no statement of a function's)."""
+    for i, node in enumerate(body):
         end = getattr(node, "end_lineno", node.lineno) or node.lineno
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         if not (start <= line <= end):
@@ -80,16 +85,20 @@ def _find(body: list[ast.stmt], line: int) -> ast.stmt | None:
         if header is not None:
             head = header(node)
             if line <= (head.end_lineno or head.lineno):
-                return node
-        for field in ("body", "orelse", "finalbody", "handlers"):
+                return body, i
+        if isinstance(node, ast.ClassDef) and not into_classes:
+            return None
+        for field in ("body", "orelse", "finalbody"):
             children = getattr(node, field, None)
             if children:
-                inner = _find(children, line)
+                inner = statement_in(children, line, into_classes)
                 if inner is not None:
                     return inner
-        if isinstance(node, ast.ExceptHandler):
-            return None
-        return node
+        for handler in getattr(node, "handlers", None) or []:
+            inner = statement_in(handler.body, line, into_classes)
+            if inner is not None:
+                return inner
+        return body, i
     return None
 
 

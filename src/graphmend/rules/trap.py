@@ -60,7 +60,7 @@ from typing import Any, Iterator
 
 from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
 from ..sites import LOG_METHODS, is_side_effect_call
-from ..source import definition_of, first_line, module_namespace, parse_file
+from ..source import definition_of, first_line, module_namespace, parse_file, statement_in
 from . import Decline, Rule, RewriteContext, register
 from ._predicate import check_lowerable, has_boolops, lower
 from .defer import Defer
@@ -250,7 +250,7 @@ class Trap(Rule):
 
     def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:
         from ..analysis import _path_to
-        from ..engine import _defs_containing, _statement_in
+        from ..engine import _defs_containing
 
         parsed = parse_file(frame.file)
         if parsed is None:
@@ -259,7 +259,7 @@ class Trap(Rule):
         if not defs:
             return None
         fdef = defs[0]
-        found = _statement_in(fdef.body, frame.line)
+        found = statement_in(fdef.body, frame.line, into_classes=False)
         if found is None:
             return None
         block, index = found
