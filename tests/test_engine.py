@@ -127,3 +127,38 @@ def test_compile_falls_back_to_the_original_when_mending_fails(monkeypatch):
     assert compiled.report is None and got.exception is None
     assert C.UsesSuper.forward.__code__ is original  # nothing left half-installed
     assert torch.equal(got.output, run(C.UsesSuper(), *X).output)
+
+
+def _method_loads_on_a_new_line(code: types.CodeType) -> list[tuple[str, int, int]]:
+    """Method loads that start a new line: torch 2.13's line table writer
+    counts the line change of an instruction longer than 8 code units twice
+    (LOAD_METHOD on 3.11, LOAD_ATTR from 3.12), so Dynamo misplaces every
+    later break of a resume function."""
+    import dis
+
+    out, previous = [], None
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions else None
+        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and None not in (line, previous) and line != previous:
+            out.append((ins.argval, previous, line))
+        previous = line if line is not None else previous
+    return out
+
+
+def test_a_break_after_a_rewrite_is_reported_at_its_own_line():
+    import inspect
+
+    import resume_lines
+
+    model = resume_lines.Model()
+    source, first = inspect.getsourcelines(resume_lines.Model.forward)
+    left = first + next(i for i, text in enumerate(source) if "# LEFT" in text)
+    assert _method_loads_on_a_new_line(resume_lines.Model.forward.__code__) == []
+    report = graphmend.mend(model, *resume_lines.inputs())
+    by_status = {(o.rule, o.status) for o in report.outcomes}
+    assert ("where", "applied") in by_status and ("defer", "applied") in by_status
+    # The generated `__graphmend_rt__.log`, `torch.where`, ... end on the line they start.
+    assert _method_loads_on_a_new_line(resume_lines.Model.forward.__code__) == []
+    lines = {(s.line, s.category) for s in report.after.sites}
+    assert (left, "DC") in lines, lines
+    assert all(first <= line < first + len(source) for line, _ in lines), lines

@@ -265,6 +265,28 @@ def _enclosing_class(code: types.CodeType) -> str | None:
     return None
 
 
+def _attributes_on_one_line(node: FunctionNode) -> None:
+    """End each generated ``a.b`` on the line it starts.
+
+    Rules place the nodes they generate (``__graphmend_rt__.log``,
+    ``torch.where``) at the span of the statement they replace, so a generated
+    attribute and its value share a span of several lines. CPython then puts
+    the method load (``LOAD_METHOD``; ``LOAD_ATTR`` from 3.12) on the span's
+    last line, and Dynamo's line table writer (torch 2.13,
+    ``linetable_311_writer``) adds a line change twice for an instruction
+    longer than 8 code units: every break after it, in a resume function, was
+    reported lines too far down (outside the function, or at another
+    statement). Parsed code never has an attribute with its value's exact
+    span, so only generated nodes change."""
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Attribute) or sub.end_lineno in (None, sub.lineno):
+            continue
+        value = sub.value
+        span = (sub.lineno, sub.col_offset, sub.end_lineno, sub.end_col_offset)
+        if (value.lineno, value.col_offset, value.end_lineno, value.end_col_offset) == span:
+            sub.end_lineno, sub.end_col_offset = sub.lineno, sub.col_offset
+
+
 def build(located: Located, node: FunctionNode) -> types.CodeType:
     """Compile ``node`` into a code object that can replace ``located.code``."""
     original = located.code
@@ -299,6 +321,7 @@ def build(located: Located, node: FunctionNode) -> types.CodeType:
         # At module level the holder class binds no name the body could capture.
         module = ast.Module(body=inner, type_ignores=[])
     ast.fix_missing_locations(module)
+    _attributes_on_one_line(func_node)
     compiled = compile(module, located.filename, "exec", dont_inherit=True)
     new = _find_code(compiled, original.co_name, func_node.lineno)
     if new is None:
