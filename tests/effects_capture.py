@@ -7,8 +7,6 @@ import warnings
 
 import torch
 
-from graphmend.verify import tensors_in
-
 
 class Captured:
     def __init__(self):
@@ -79,5 +77,3 @@ def bits_equal(a, b):
         return False
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
-
-tensors = tensors_in  # the tensors in an output, in order

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 import graphmend
 import scalars as S
 from conftest import has_transformers
-from effects_capture import CountingBackend, bits_equal, run, tensors
+from effects_capture import CountingBackend, bits_equal, run
 from graphmend.capture import DYNAMIC, SCALAR, Trial, decide
+from graphmend.verify import tensors_in
 
 
 @pytest.fixture(autouse=True)
@@ -309,7 +310,7 @@ def test_mixtral_one_graph_identical_when_experts_get_no_tokens():
     for k in inputs:
         eager = run(reference, **k)
         mended = run(compiled, **k)
-        assert all(bits_equal(a, b) for a, b in zip(tensors(eager.output), tensors(mended.output)))
+        assert all(bits_equal(a, b) for a, b in zip(tensors_in(eager.output), tensors_in(mended.output)))
         assert mended.effects() == eager.effects()
     report = compiled.report
     assert report.before.graphs == 13 and report.after.graphs == 1 and report.after.recompiles == 0
@@ -345,7 +346,7 @@ def test_longformer_reaches_one_graph_by_speculation_outputs_identical_with_glob
     for extra in ({}, {}, {"global_attention_mask": glob}, {"global_attention_mask": glob}, {}):
         expected = run(reference, *args, **kwargs, **extra)
         got = run(compiled, *args, **kwargs, **extra)
-        assert all(bits_equal(a, b) for a, b in zip(tensors(expected.output), tensors(got.output)))
+        assert all(bits_equal(a, b) for a, b in zip(tensors_in(expected.output), tensors_in(got.output)))
         assert got.records == expected.records
     assert graphmend.runtime.RERUNS["wrong guess"] + graphmend.runtime.RERUNS["raised"] == 2
 

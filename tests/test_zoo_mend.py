@@ -6,7 +6,8 @@ import torch
 
 import graphmend
 from conftest import has_transformers
-from effects_capture import CountingBackend, run, tensors
+from effects_capture import CountingBackend, run
+from graphmend.verify import tensors_in
 
 pytestmark = [
     pytest.mark.zoo,
@@ -24,7 +25,7 @@ def _restore():
 
 
 def _bitwise(a, b):
-    ta, tb = tensors(a), tensors(b)
+    ta, tb = tensors_in(a), tensors_in(b)
     return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
 
 
@@ -118,7 +119,7 @@ def test_fp16_rows_reach_one_graph_and_stay_exact(row, overflow):
     mended = run(compiled, *args, **kwargs)
     limit = float(torch.tensor(torch.finfo(torch.float16).max - 1000, dtype=torch.float16))
     assert (float(seen[0]) == limit) == overflow  # the clamp really ran (or really did not)
-    ta, tb = tensors(eager.output), tensors(mended.output)
+    ta, tb = tensors_in(eager.output), tensors_in(mended.output)
     assert len(ta) == len(tb)
     for x, y in zip(ta, tb):
         # Bit for bit, except NaN payloads: the counting backend's fp16 graph

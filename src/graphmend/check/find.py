@@ -57,6 +57,9 @@ OPT_IN = {
     "when a measured run shows fewer graphs",
 }
 
+#: Codes whose rewrite always needs a run, and why (no statement is judged for them).
+_NEVER_SAFE = {"GM103": "[Where] rewrites `if` statements; a conditional expression is left as it is", **OPT_IN}
+
 
 @dataclass
 class Finding:
@@ -165,11 +168,9 @@ class _FunctionScan:
         found = [item for item in self.found if reached or CODES[item[0]][0] != "defer"]
         out = [Finding(self.scope.path, node.lineno, self._col(node), code, message, self.qualname)
                for code, node, _, message in found]
-        judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code != "GM103" and f.code not in OPT_IN]
+        judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code not in _NEVER_SAFE]
         for finding in out:
-            if finding.code == "GM103":
-                finding.why = "[Where] rewrites `if` statements; a conditional expression is left as it is"
-            finding.why = OPT_IN.get(finding.code, finding.why)
+            finding.why = _NEVER_SAFE.get(finding.code)
         if judged:
             verdicts = safety.judge(self.fdef, [(stmt, f.rule) for f, stmt in judged], self.scope)
             for (finding, _), why in zip(judged, verdicts):
