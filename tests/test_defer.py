@@ -220,3 +220,58 @@ def test_declines_are_reported_with_reasons():
     texts = " | ".join(reasons.values())
     assert "logger.exception" in texts or "stacklevel" in texts
     assert all(o.status in ("declined", "applied") for o in report.outcomes)
+
+
+class WarnsOnAnotherPath(torch.nn.Module):
+    def forward(self, h):
+        if h.sum() > 0:
+            h = h * 2
+        elif h.sum() < -100:
+            warnings.warn(f"low {h.mean()}")
+            h = h - 1
+        return h + 1
+
+
+class WarnsWithStacklevelOnAnotherPath(torch.nn.Module):
+    def forward(self, h):
+        if h.sum() > 0:
+            h = h * 2
+        elif h.sum() < -100:
+            warnings.warn(f"low {h.mean()}", stacklevel=2)
+            h = h - 1
+        return h + 1
+
+
+def _line_of(cls, text):
+    import inspect
+
+    lines, first = inspect.getsourcelines(cls)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_effects_of_a_function_that_breaks_are_deferred_ahead():
+    """The example input takes the first branch, so the warning never broke the graph; on an input
+    that reaches it, it would run in a frame Dynamo compiled, where torch 2.13 can report another
+    line (tests/fixtures/fuzz_warning_line.py). It is deferred ahead, and says why."""
+    model = WarnsOnAnotherPath()
+    c, backend = compiled(model, example_inputs=(torch.ones(3),))
+    warn_line = _line_of(WarnsOnAnotherPath, "warnings.warn")
+    outcome = {o.line: o for o in c.report.outcomes}[warn_line]
+    assert (outcome.rule, outcome.status) == ("defer", "applied")
+    assert "no break seen here on the example inputs" in outcome.reason
+    low = torch.full((3,), -50.0)
+    eager, mended = run(model, low), run(c, low)
+    assert eager.warnings == [("UserWarning", "low -50.0", __file__, warn_line)]
+    assert_same(eager, mended)
+
+
+def test_an_effect_that_cannot_be_deferred_is_not_touched_ahead():
+    model = WarnsWithStacklevelOnAnotherPath()
+    c, backend = compiled(model, example_inputs=(torch.ones(3),))
+    warn_line = _line_of(WarnsWithStacklevelOnAnotherPath, "warnings.warn")
+    assert warn_line not in {o.line for o in c.report.outcomes}  # not a break the example showed: no outcome
+    low = torch.full((3,), -50.0)
+    # stacklevel=2 names a caller frame, which differs under torch.compile with or without graphmend
+    eager, mended = run(model, low), run(c, low)
+    assert [w[:2] for w in mended.warnings] == [w[:2] for w in eager.warnings] == [("UserWarning", "low -50.0")]
+    assert torch.equal(mended.output, eager.output)

@@ -361,3 +361,39 @@ def test_a_log_call_that_was_not_deferred_does_not_make_dynamo_trace_the_watch()
     assert result.status == "checked"
     assert any(status == "declined" for _, _, status, _ in result.outcomes)  # the logger call stays as written
     assert result.mismatches == [], result.mismatches[:2]
+
+
+def _fixture_program(name):
+    import os
+
+    from fuzz.generator import Program
+
+    return Program(open(os.path.join(os.path.dirname(__file__), "fixtures", name)).read())
+
+
+@pytest.mark.parametrize(
+    "name, seed, start", [("fuzz_warning_line.py", 95, 7), ("fuzz_warning_line_capture.py", 177, 6)]
+)
+def test_a_warning_on_a_path_not_taken_keeps_its_line_in_a_compiled_frame(name, seed, start):
+    """Found by the fuzzer (seed 9): a `warnings.warn` the example input did not reach, in a function
+    that breaks elsewhere, ran in a Dynamo resume function on later inputs and was reported at the line
+    above its own (counting and aot_eager arms). It is now deferred ahead, with the file and line it has."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program(name), seed=seed, start=start, aot=True)
+    assert result.status == "checked"
+    ahead = [r for _, rule, status, r in result.outcomes if rule == "defer" and status == "applied"]
+    assert any("no break seen here on the example inputs" in r for r in ahead)
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+def test_an_inplace_autograd_error_the_original_shows_under_aot_eager_is_the_backends():
+    """Found by the fuzzer (seed 9): under grad, AOTAutograd fails the backward of the mended program
+    (an in-place change of a tensor a compiled graph saved) where eager runs; the original under
+    aot_eager fails the same way at the same calls, naming another node. A backend difference."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_aot_inplace.py"), seed=1, start=6, grad=True, aot=True)
+    assert result.status == "checked"
+    assert result.mismatches == [], result.mismatches[:2]
+    assert any("modified by an inplace operation" in d for d in result.backend_differences)

@@ -6,7 +6,8 @@ The pipeline, top to bottom (``mend_target``)::
     explain                           -> sites with categories
     for each round (a fixpoint, at most ``max_rounds``):
         sites a rule claims, not tried yet
-        locate -> rewrite -> build -> install, per function
+        locate -> rewrite -> build -> install, per function; a rule may
+            rewrite ahead there (Rule.ahead: [defer] takes every effect)
         explain again                 -> breaks that remain, or were hidden
     with [scalar] enabled, measure capture once on the mended code (capture.py):
         scalar / dynamic-output capture kept only if it helps; [scalar]
@@ -25,6 +26,7 @@ removes is ``applied`` by [scalar] with the flag named; the kept flags are
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import time
 import weakref
@@ -41,6 +43,7 @@ from .discovery import trace_breaks
 from .errors import describe
 from .rules import Decline, load_rules
 from .sites import BreakSite, display_path
+from .source import statement_in
 from .targets import Target, private_copy, run_eager
 from .verify import Observation, compare, observe
 
@@ -227,6 +230,13 @@ def _apply_round(
     applied = 0
     for located, pairs in by_function.values():
         node = engine.rewrite(located, [r for _, r in pairs], model)
+        if only is None:  # then what the rules rewrite ahead in the function
+            more = _ahead_sites(located, pairs, rules, enabled, outcomes)
+            node = engine.rewrite(located, [r for _, r in more], model)
+            # One that declined stays as it was, unreported: no break was seen there.
+            pairs = pairs + [(s, r) for s, r in more if r.ok]
+            for site, rw in more:
+                rw.notes.append(site.verdict)
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
@@ -266,6 +276,40 @@ def _apply_round(
             applied += 1
     torch._dynamo.reset()
     return applied
+
+
+def _ahead_sites(
+    located: engine.Located,
+    pairs: list[tuple[BreakSite, engine.SiteRewrite]],
+    rules: dict[str, Any],
+    enabled: tuple[str, ...],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+) -> list[tuple[BreakSite, engine.SiteRewrite]]:
+    """Sites for the statements enabled rules rewrite ahead in a function that
+    breaks (``Rule.ahead``): no break was seen at them on the example inputs."""
+    if not pairs:
+        return []
+    first = pairs[0][0]
+    taken = {site.line for site, _ in pairs}
+    breaks = ", ".join(str(line) for line in sorted(taken))
+    made: list[tuple[BreakSite, engine.SiteRewrite]] = []
+    for rule in rules.values():
+        if rule.name not in enabled:
+            continue
+        for line in rule.ahead(located.node):
+            if line in taken or (first.file, line) in outcomes:
+                continue
+            taken.add(line)
+            found = statement_in(located.node.body, line, into_classes=False)
+            code = ast.unparse(found[0][found[1]]).splitlines()[0] if found else ""
+            site = BreakSite(
+                file=first.file, line=line, function=first.function, code=code,
+                category=min(rule.categories, default=""), reason="", gb_id=None, rule=rule.name,
+                verdict=f"no break seen here on the example inputs; rewritten ahead because the function "
+                f"breaks (line {breaks})",
+            )
+            made.append((site, engine.SiteRewrite(line=line, rule=rule)))
+    return made
 
 
 def _verify(target: Target, baseline: Observation, grad: bool, memo_attrs: set[str] = frozenset()) -> list[str]:

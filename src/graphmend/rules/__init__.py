@@ -176,6 +176,13 @@ class Rule:
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         raise NotImplementedError
 
+    def ahead(self, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> list[int]:
+        """Lines of statements this rule rewrites in a function that holds a
+        break, although the example inputs did not reach them (other inputs
+        will, in a frame Dynamo compiles). Each is offered to ``rewrite`` like
+        a site; one that declines is left as it is and not reported."""
+        return []
+
 
 RULES: dict[str, Rule] = {}
 

@@ -32,6 +32,11 @@ happens at once, as before. A disabled logger level records nothing.
 Every other print / warn / logger statement of the same function is deferred
 with it (also those on paths the example inputs did not take): an effect left
 in place would happen before this one, which waits for the end of the call.
+The effects of a function that breaks elsewhere (a declined ``if``, a
+captured ``.item()``) are deferred ahead too, although the example inputs did
+not reach them: on inputs that do, the call would split the graph, and in a
+frame Dynamo compiled (a resume function) torch 2.13 reports a warning at
+another line (the ``if`` above it, the ``def``) than eager Python does.
 
 ## When it declines
 - another print / warn / log statement of the function cannot be deferred,
@@ -102,6 +107,9 @@ class Defer(Rule):
             lines = ", ".join(str(o.lineno) for o, _ in others)
             ctx.notes.append(f"with the other effects of the function (line {lines}), to keep their order")
         return [new]
+
+    def ahead(self, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> list[int]:
+        return [stmt.lineno for stmt in _effect_statements(fdef)]
 
     def _is_known_effect(self, call: ast.Call, ctx: RewriteContext) -> bool:
         """A print, warnings.warn, or a method call on a logger known now."""
