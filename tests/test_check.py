@@ -240,3 +240,27 @@ def test_a_file_named_twice_is_checked_once():
     report = check_paths([CHECK, fixture("guards.py")])
     assert report.files_checked == 6
     assert [f.line for f in report.findings if f.path.endswith("guards.py")] == [14, 17, 19, 24]
+
+
+def test_live_globals_and_classes_narrow_what_mend_asks_for():
+    """``graphmend mend`` passes the file's live globals (``nn = th.nn`` is unknown to the
+    source alone) and the model's classes (only their ``forward`` runs)."""
+    import sys
+
+    from graphmend.check.find import find_in_source
+
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fuzz_warning_line_callee.py")
+    source = open(path, "rb").read()
+    assert not [f for f in find_in_source(path, source, opt_in=False) if f.rule == "defer"]
+    spec = importlib.util.spec_from_file_location("fuzz_warning_line_callee_live", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        live = find_in_source(path, source, opt_in=False, namespace=vars(module))
+        only = find_in_source(path, source, opt_in=False, namespace=vars(module), classes={"Block4"})
+    finally:
+        del sys.modules[spec.name]
+    assert {(f.line, f.function) for f in live if f.code == "GM203"} == {(62, "Block4.forward")}
+    assert {f.function for f in live if f.rule == "defer"} == {"Block1.forward", "Block4.forward", "Model.forward"}
+    assert [(f.line, f.code) for f in only if f.rule == "defer"] == [(62, "GM203")]

@@ -11,6 +11,7 @@ from torch import nn
 
 import graphmend
 from effects_capture import run
+import library_effects
 from graphmend.verify import Observation, compare
 
 
@@ -181,6 +182,13 @@ class WarnsOnAnotherPath(nn.Module):
         return h * 2
 
 
+class WarnsThroughALibrary(WarnsOnAnotherPath):
+    def forward(self, h):
+        if h.sum() > 0:
+            library_effects.emit(self.channel, f"block {h.mean()}")
+        return h * 2
+
+
 def _emit(channel, text):
     if channel == "print":
         print(text)
@@ -193,11 +201,13 @@ def _emit(channel, text):
 class CallerWarnsFirst(nn.Module):
     """Found by the fuzzer (seed 2): the callee's warning is on a path the
     example did not take, so it is not deferred; the caller's is, and the
-    callee's was emitted first."""
+    callee's was emitted first. A callee of the same file now has its effects
+    deferred ahead; one in another file (a library's) is not, and the watch
+    performs the pending records before it."""
 
-    def __init__(self, channel="warn"):
+    def __init__(self, channel="warn", emit="here"):
         super().__init__()
-        self.block = WarnsOnAnotherPath(channel)
+        self.block = (WarnsOnAnotherPath if emit == "here" else WarnsThroughALibrary)(channel)
 
     def forward(self, x):
         warnings.warn(f"first {x.mean()}")
@@ -206,13 +216,14 @@ class CallerWarnsFirst(nn.Module):
         return self.block(x)
 
 
+@pytest.mark.parametrize("emit, deferred", [("here", 6), ("library", 3)])
 @pytest.mark.parametrize("channel", ["warn", "print", "log"])
-def test_a_callee_effect_on_a_path_not_taken_keeps_its_order(channel):
-    model = CallerWarnsFirst(channel)
+def test_a_callee_effect_on_a_path_not_taken_keeps_its_order(channel, emit, deferred):
+    model = CallerWarnsFirst(channel, emit)
     x = torch.tensor([1.0, 2.0])
     expected = run(copy.deepcopy(model), x)
     compiled = graphmend.compile(model, backend="eager", example_inputs=(-x,))
-    assert [o.rule for o in compiled.report.outcomes if o.status == "applied"] == ["defer"] * 3
+    assert [o.rule for o in compiled.report.outcomes if o.status == "applied"] == ["defer"] * deferred
     got = run(compiled, x)
     emitted = {"warn": [w[1] for w in expected.warnings], "print": expected.stdout.splitlines(),
                "log": [r[-1] for r in expected.records]}[channel]
@@ -397,3 +408,16 @@ def test_an_inplace_autograd_error_the_original_shows_under_aot_eager_is_the_bac
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
     assert any("modified by an inplace operation" in d for d in result.backend_differences)
+
+
+def test_a_warning_in_a_module_the_example_never_ran_keeps_its_line():
+    """Found by the fuzzer (seed 10): the effects of the model's code that no break showed (a module
+    the example input never ran) are deferred ahead too; found as `graphmend check` finds them,
+    with the live globals (`nn = th.nn`)."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_warning_line_callee.py"), seed=101, start=3, aot=True)
+    assert result.status == "checked"
+    ahead = [r for _, rule, status, r in result.outcomes if rule == "defer" and "rewritten ahead" in r]
+    assert any("the model's code" in r for r in ahead), result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]

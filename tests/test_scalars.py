@@ -316,7 +316,9 @@ def test_mixtral_one_graph_identical_when_experts_get_no_tokens():
     assert report.before.graphs == 13 and report.after.graphs == 1 and report.after.recompiles == 0
     assert len(backend.graphs) == 1  # both inputs, one graph, no recompile
     assert report.capture.flags == (DYNAMIC,)
-    assert {(o.category, o.status) for o in report.outcomes} == {("TI", "applied"), ("DO", "applied")}
+    ahead = [o for o in report.outcomes if "rewritten ahead" in o.reason]  # logger calls no input reached
+    assert {(o.category, o.status) for o in report.outcomes if o not in ahead} == {("TI", "applied"), ("DO", "applied")}
+    assert {(o.category, o.rule, o.status) for o in ahead} <= {("LC", "defer", "applied")}
 
 
 @pytest.mark.zoo

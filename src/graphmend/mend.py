@@ -7,7 +7,8 @@ The pipeline, top to bottom (``mend_target``)::
     for each round (a fixpoint, at most ``max_rounds``):
         sites a rule claims, not tried yet
         locate -> rewrite -> build -> install, per function; a rule may
-            rewrite ahead there (Rule.ahead: [defer] takes every effect)
+            rewrite ahead there and in the model's other functions
+            (Rule.ahead: [defer] takes every print / log / warning)
         explain again                 -> breaks that remain, or were hidden
     with [scalar] enabled, measure capture once on the mended code (capture.py):
         scalar / dynamic-output capture kept only if it helps; [scalar]
@@ -28,6 +29,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
+import os
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -41,7 +45,8 @@ from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import trace_breaks
 from .errors import describe
-from .rules import Decline, load_rules
+from .check.find import find_in_source
+from .rules import Decline, Rule, load_rules
 from .sites import BreakSite, display_path
 from .source import statement_in
 from .targets import Target, private_copy, run_eager
@@ -227,6 +232,14 @@ def _apply_round(
         entry = by_function.setdefault(id(located.code), (located, []))
         chains = complete(site.frames, observed, entries)
         entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule, frames=list(site.frames), chains=chains)))
+    if only is None:  # the model's functions that showed no break: only what rules rewrite ahead
+        for file, line in _model_statements(model, rules, enabled):
+            try:
+                located = engine.locate(file, line, mending.by_code())
+            except Exception:  # Decline or internal: nothing was seen there, nothing to report
+                continue
+            if located.previous is None:  # a function already rewritten had its turn
+                by_function.setdefault(id(located.code), (located, []))
     applied = 0
     for located, pairs in by_function.values():
         node = engine.rewrite(located, [r for _, r in pairs], model)
@@ -285,31 +298,65 @@ def _ahead_sites(
     enabled: tuple[str, ...],
     outcomes: dict[tuple[str, int], SiteOutcome],
 ) -> list[tuple[BreakSite, engine.SiteRewrite]]:
-    """Sites for the statements enabled rules rewrite ahead in a function that
-    breaks (``Rule.ahead``): no break was seen at them on the example inputs."""
-    if not pairs:
-        return []
-    first = pairs[0][0]
+    """Sites for the statements enabled rules rewrite ahead in a function of
+    the model (``Rule.ahead``): no break was seen at them on the example inputs."""
     taken = {site.line for site, _ in pairs}
-    breaks = ", ".join(str(line) for line in sorted(taken))
+    if pairs:
+        why = f"the function breaks (line {', '.join(str(line) for line in sorted(taken))})"
+    else:
+        why = "the model's code (a `forward` or a helper it calls) breaks the graph wherever an input reaches it"
     made: list[tuple[BreakSite, engine.SiteRewrite]] = []
     for rule in rules.values():
         if rule.name not in enabled:
             continue
         for line in rule.ahead(located.node):
-            if line in taken or (first.file, line) in outcomes:
+            if line in taken or (located.filename, line) in outcomes:
                 continue
             taken.add(line)
             found = statement_in(located.node.body, line, into_classes=False)
             code = ast.unparse(found[0][found[1]]).splitlines()[0] if found else ""
             site = BreakSite(
-                file=first.file, line=line, function=first.function, code=code,
+                file=located.filename, line=line, function=located.node.name, code=code,
                 category=min(rule.categories, default=""), reason="", gb_id=None, rule=rule.name,
-                verdict=f"no break seen here on the example inputs; rewritten ahead because the function "
-                f"breaks (line {breaks})",
+                verdict=f"no break seen here on the example inputs; rewritten ahead because {why}",
             )
             made.append((site, engine.SiteRewrite(line=line, rule=rule)))
     return made
+
+
+def _model_statements(model: Any, rules: dict[str, Any], enabled: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(file, line) of each statement ``graphmend check`` finds for a rule that
+    rewrites ahead, in the source files of the model's own module classes
+    (torch's and graphmend's excluded): ``forward`` and the helpers it calls."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    ahead = {name for name, rule in rules.items() if name in enabled and type(rule).ahead is not Rule.ahead}
+    if not ahead:
+        return []
+    files: dict[str, tuple[dict, set[str]]] = {}  # path -> the module's globals, the model's classes there
+    for module in model.modules():
+        cls = type(module)
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            continue
+        owner = sys.modules.get(cls.__module__)
+        if path and owner is not None and not path.startswith(_NOT_MODEL_CODE):
+            files.setdefault(path, (vars(owner), set()))[1].add(cls.__qualname__)
+    found: list[tuple[str, int]] = []
+    for path, (namespace, classes) in sorted(files.items()):
+        try:
+            with open(path, "rb") as fh:
+                findings = find_in_source(path, fh.read(), opt_in=False, namespace=namespace, classes=classes)
+        except Exception:  # unreadable, or a finder bug: that file gets no ahead rewrites
+            continue
+        found += [(path, f.line) for f in findings if f.rule in ahead]
+    return found
+
+
+_NOT_MODEL_CODE = tuple(
+    os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (torch, sys.modules[__package__])
+) + tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
 
 
 def _verify(target: Target, baseline: Observation, grad: bool, memo_attrs: set[str] = frozenset()) -> list[str]:

@@ -90,9 +90,14 @@ class Finding:
         }
 
 
-def find_in_source(path: str, source: bytes, opt_in: bool = True) -> list[Finding]:
+def find_in_source(
+    path: str, source: bytes, opt_in: bool = True, namespace: dict | None = None, classes: set[str] | None = None
+) -> list[Finding]:
     """The sites of one file (a single GM000 finding when it does not parse);
-    ``opt_in``: look for GM4xx too."""
+    ``opt_in``: look for GM4xx too. ``graphmend mend`` passes what it knows
+    from the live model: ``namespace``, the file's globals, for the names the
+    source alone leaves unknown (``nn = torch.nn``); ``classes``, the names of
+    the module classes the model uses, whose ``forward`` alone runs."""
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
@@ -100,11 +105,13 @@ def find_in_source(path: str, source: bytes, opt_in: bool = True) -> list[Findin
     except ValueError as exc:  # null bytes
         return [Finding(path, 1, 1, "GM000", f"cannot parse: {exc} (file skipped)", "")]
     scope = ModuleScope.of(path, tree)
+    if namespace is not None:
+        scope.learn(namespace)
     lines = source.splitlines()
     scans = {id(fdef): _FunctionScan(scope, fdef, name, lines, opt_in) for fdef, name in _functions(tree.body, "")}
     for scan in scans.values():
         scan.run()
-    reached = reachable_from_forward(scope, lambda f: scans[id(f)].calls, lambda f: scans[id(f)].nested)
+    reached = reachable_from_forward(scope, lambda f: scans[id(f)].calls, lambda f: scans[id(f)].nested, classes)
     out: list[Finding] = []
     for key, scan in scans.items():
         out.extend(scan.findings(reached=key in reached))

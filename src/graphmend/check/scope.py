@@ -107,6 +107,13 @@ class ModuleScope:
                 name = stmt.targets[0].id  # type: ignore[attr-defined]
                 ns[name] = logging.Logger(f"graphmend check stand-in for {name}")  # not registered anywhere
 
+    def learn(self, namespace: dict) -> None:
+        """Take the live value of each global the source left unknown (not the
+        file's own functions and classes, nor ``__name__``)."""
+        for name, value in namespace.items():
+            if name in self.namespace and self.namespace[name] is UNKNOWN and name not in self.classes:
+                self.namespace[name] = value
+
     def is_imported(self, name: str) -> bool:
         """A global imported from a module whose code the linter does not read."""
         return name in self.imported_from and self.namespace.get(name) is UNKNOWN
@@ -226,14 +233,17 @@ def _methods(cls: ast.ClassDef, scope: ModuleScope, own: bool = True, seen: froz
     return out
 
 
-def reachable_from_forward(scope: ModuleScope, calls_of, nested_of) -> set[int]:
+def reachable_from_forward(scope: ModuleScope, calls_of, nested_of, classes: set[str] | None = None) -> set[int]:
     """ids of the function nodes run by ``forward`` of the file's modules: the
     forwards, the methods they call as ``self.name(...)`` or
     ``super().name(...)``, module functions they call as ``name(...)``, and
     functions defined inside any of these. ``calls_of(fdef)`` / ``nested_of(fdef)``:
-    the calls / the function definitions in a function's own body."""
+    the calls / the function definitions in a function's own body. ``classes``:
+    only the modules of these names (all when None)."""
     reached: set[int] = set()
-    for cls in module_classes(scope).values():
+    for name, cls in module_classes(scope).items():
+        if classes is not None and name not in classes:
+            continue
         methods, inherited = _methods(cls, scope), _methods(cls, scope, own=False)
         forward = methods.get("forward")
         if forward is None:

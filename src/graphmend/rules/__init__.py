@@ -177,10 +177,12 @@ class Rule:
         raise NotImplementedError
 
     def ahead(self, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> list[int]:
-        """Lines of statements this rule rewrites in a function that holds a
-        break, although the example inputs did not reach them (other inputs
-        will, in a frame Dynamo compiles). Each is offered to ``rewrite`` like
-        a site; one that declines is left as it is and not reported."""
+        """Lines of statements this rule rewrites in a function of the model
+        (one that breaks, or one ``graphmend check`` finds a site of this rule
+        in) although no break was seen there on the example inputs (other
+        inputs may reach them, in a frame Dynamo compiles). Each is offered to
+        ``rewrite`` like a site; one that declines is left as it is and not
+        reported."""
         return []
 
 

@@ -32,11 +32,14 @@ happens at once, as before. A disabled logger level records nothing.
 Every other print / warn / logger statement of the same function is deferred
 with it (also those on paths the example inputs did not take): an effect left
 in place would happen before this one, which waits for the end of the call.
-The effects of a function that breaks elsewhere (a declined ``if``, a
-captured ``.item()``) are deferred ahead too, although the example inputs did
-not reach them: on inputs that do, the call would split the graph, and in a
-frame Dynamo compiled (a resume function) torch 2.13 reports a warning at
-another line (the ``if`` above it, the ``def``) than eager Python does.
+The effects of the model's code are deferred ahead too, although the example
+inputs did not reach them (``Rule.ahead``): those of a function that breaks
+elsewhere (a declined ``if``, a captured ``.item()``), and those ``graphmend
+check`` finds in the ``forward`` of the model's module classes and the
+same-file helpers it calls. On inputs that reach them the call would split
+the graph, and in a frame Dynamo compiled (a resume function) torch 2.13
+reports a warning at another line (the ``if`` above it, the ``def``) than
+eager Python does.
 
 ## When it declines
 - another print / warn / log statement of the function cannot be deferred,
