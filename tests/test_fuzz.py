@@ -84,9 +84,12 @@ def test_the_runner_reports_a_difference(monkeypatch):
 
 
 def test_programs_are_valid_python():
-    from hypothesis import given, settings
+    from hypothesis import HealthCheck, given, settings
 
-    @settings(max_examples=200, derandomize=True, database=None)
+    # Generation speed is not what this asserts: on a starved CI machine the
+    # too_slow health check failed it (one program in 2.5 s under nice 19).
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(programs())
     def compiles(program):
         compile(program.source, "<fuzz>", "exec")
