@@ -43,7 +43,7 @@ from . import engine, runtime
 from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
-from .discovery import trace_breaks
+from .discovery import is_library_internal, trace_breaks
 from .errors import describe
 from .check.find import find_in_source
 from .rules import Decline, Rule, load_rules
@@ -294,7 +294,7 @@ def _apply_round(
 def _ahead_sites(
     located: engine.Located,
     pairs: list[tuple[BreakSite, engine.SiteRewrite]],
-    rules: dict[str, Any],
+    rules: dict[str, Rule],
     enabled: tuple[str, ...],
     outcomes: dict[tuple[str, int], SiteOutcome],
 ) -> list[tuple[BreakSite, engine.SiteRewrite]]:
@@ -324,7 +324,7 @@ def _ahead_sites(
     return made
 
 
-def _model_statements(model: Any, rules: dict[str, Any], enabled: tuple[str, ...]) -> list[tuple[str, int]]:
+def _model_statements(model: Any, rules: dict[str, Rule], enabled: tuple[str, ...]) -> list[tuple[str, int]]:
     """(file, line) of each statement ``graphmend check`` finds for a rule that
     rewrites ahead, in the source files of the model's own module classes
     (torch's and graphmend's excluded): ``forward`` and the helpers it calls."""
@@ -341,7 +341,7 @@ def _model_statements(model: Any, rules: dict[str, Any], enabled: tuple[str, ...
         except (TypeError, OSError):
             continue
         owner = sys.modules.get(cls.__module__)
-        if path and owner is not None and not path.startswith(_NOT_MODEL_CODE):
+        if path and owner is not None and _is_model_code(path):
             files.setdefault(path, (vars(owner), set()))[1].add(cls.__qualname__)
     found: list[tuple[str, int]] = []
     for path, (namespace, classes) in sorted(files.items()):
@@ -354,9 +354,12 @@ def _model_statements(model: Any, rules: dict[str, Any], enabled: tuple[str, ...
     return found
 
 
-_NOT_MODEL_CODE = tuple(
-    os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (torch, sys.modules[__package__])
-) + tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+def _is_model_code(path: str) -> bool:
+    """Not torch's, the standard library's (``discovery.is_library_internal``) nor graphmend's own."""
+    return not is_library_internal(path) and not os.path.realpath(path).startswith(_GRAPHMEND_DIR)
+
+
+_GRAPHMEND_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def _verify(target: Target, baseline: Observation, grad: bool, memo_attrs: set[str] = frozenset()) -> list[str]:
