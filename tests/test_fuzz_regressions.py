@@ -421,3 +421,15 @@ def test_a_warning_in_a_module_the_example_never_ran_keeps_its_line():
     ahead = [r for _, rule, status, r in result.outcomes if rule == "defer" and "rewritten ahead" in r]
     assert any("the model's code" in r for r in ahead), result.outcomes
     assert result.mismatches == [], result.mismatches[:2]
+
+
+def test_attribute_stores_after_a_torch_cond_whose_branch_first_reaches_self_are_kept():
+    """Found by the fuzzer (seed 10): a tensor `if` calling `self.lin` became torch.cond; Dynamo met
+    `self` first inside the branch and dropped the later `self.count += 1` (count stayed 0 in the
+    counting and aot_eager arms). The rewrite now shows Dynamo the branches' objects first."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_cond_attribute_store.py"), seed=4998, start=0, aot=True)
+    assert result.status == "checked"
+    assert any(rule == "where" and status == "applied" and "torch.cond" in r for _, rule, status, r in result.outcomes)
+    assert result.mismatches == [], result.mismatches[:2]

@@ -55,6 +55,107 @@ def test_branches_calling_modules_use_torch_cond(cls):
     assert "torch.cond" in dc.reason and "only the taken one runs" in dc.reason
 
 
+class _Counts:
+    """A plain object the model reaches only through a global."""
+
+    scale = 2.0
+    count = 0
+
+
+COUNTS = _Counts()
+
+
+class ObjectCountAfterCond(torch.nn.Module):
+    """`self.counts`, a plain object, is first met inside the branch (`self.counts.scale`); stored after."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.counts = _Counts()
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h) * self.counts.scale
+        self.counts.count += 1
+        return h
+
+
+class CountAfterCond(torch.nn.Module):
+    """`self` is first met inside the torch.cond branch (`self.lin`), then an attribute of it is stored."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.count = 0
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h)
+        self.count += 1
+        return h
+
+
+class HelperCountAfterCond(CountAfterCond):
+    """The store happens in a method called after the cond."""
+
+    def bump(self):
+        self.count += 1
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h)
+        self.bump()
+        return h
+
+
+class GlobalCountAfterCond(torch.nn.Module):
+    """A global object first met inside the branch (`COUNTS.scale`), stored after."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h) * COUNTS.scale
+        COUNTS.count += 1
+        return h
+
+
+def _counts(model):
+    return (getattr(model, "count", None), getattr(getattr(model, "counts", None), "count", None), COUNTS.count)
+
+
+@pytest.mark.parametrize(
+    "cls", [CountAfterCond, ObjectCountAfterCond, HelperCountAfterCond, GlobalCountAfterCond], ids=lambda c: c.__name__
+)
+def test_attribute_stores_after_torch_cond_are_kept(cls):
+    """Found by the fuzzer (seed 10, d95b4b2cf4b0): Dynamo drops a later attribute store to an object
+    it first met inside a torch.cond branch; the rewrite shows it the branches' objects first."""
+    torch.manual_seed(0)
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied" and "torch.cond" in dc.reason
+    for x in (P, N, P * 0.5):
+        COUNTS.count = 0
+        with torch.no_grad():
+            expected = reference(x)
+            want = _counts(reference)
+            COUNTS.count = 0
+            got = compiled(x)
+        assert bits_equal(expected, got)
+        assert _counts(model) == want
+    # Dynamo may recompile on the stored int, but every graph is the whole forward, cond included
+    assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
+
+
 def test_or_guard_on_finite_inf_and_nan_inputs():
     weird = P.clone()
     weird[0, 0] = float("inf")

@@ -420,6 +420,19 @@ def same_meta(a: Any, b: Any) -> bool:
     )
 
 
+def bind(*objects: Any) -> None:
+    """Nothing when it runs; while Dynamo traces, it meets each object here,
+    in the frame's own graph, before ``torch.cond`` traces its branches.
+
+    An object Dynamo first meets inside a ``torch.cond`` branch is tracked
+    only in that branch's side effects, which are dropped after the branch
+    is traced: a later ``obj.attr = ...`` in the same frame is then lost
+    (torch 2.13, measured: ``self.count += 1`` after a cond whose branch
+    calls ``self.lin``). ``type`` makes Dynamo build its view of each object."""
+    for obj in objects:
+        type(obj)
+
+
 def store(module: Any, name: str, value: Any) -> None:
     """``module.<name> = value`` for a predicated attribute update: a registered
     buffer of the same shape and dtype that no other attribute of the module

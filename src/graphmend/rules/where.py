@@ -39,6 +39,12 @@ when either fails (grad mode, a Python bool, operands that would broadcast)
 the original branch runs, exactly as before. A store to a registered buffer
 updates it in place when nothing else shares it (``runtime.store``).
 
+When a branch calls a module or function (``h = self.lin(h)``), computing
+both sides would double its cost: only the taken side runs, in
+``torch.cond``, after ``__graphmend_rt__.bind(h, self, getattr(self, 'lin',
+None))`` shows Dynamo the objects the branches reach (one it first met inside
+a branch would lose a later ``self.count += 1``).
+
 ## When it declines
 - ``elif`` chains, ``while`` loops, branches with statements other than
   assignments (or a single ``return`` each), tuple targets;
@@ -304,7 +310,44 @@ class Where(Rule):
         ctx.notes.append(
             f"torch.cond ({', '.join(outputs)}): the branches call modules or functions, so only the taken one runs"
         )
-        return [*functions, _assign(target, call)]
+        held = self._held(stmt, outputs, facts, ctx)
+        bind = ast.Expr(value=ast.Call(func=ctx.runtime("bind"), args=held, keywords=[]))
+        return [*functions, *([bind] if held else []), _assign(target, call)]
+
+    @staticmethod
+    def _held(stmt: ast.If, outputs: list[str], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.expr]:
+        """The objects the branches reach, to show Dynamo before ``torch.cond``
+        (``runtime.bind``): the names they read from outside (not torch, not
+        builtins; an output a branch leaves unchanged is read there too) and
+        the ``self.<attr>`` values they use, read with
+        ``getattr(self, attr, None)`` unless the attribute is a property."""
+        import inspect
+
+        import torch
+
+        names: list[str] = []
+        attrs: list[str] = []
+        for block in (stmt.body, stmt.orelse):
+            assigned: set[str] = set()
+            for node in block:
+                for sub in ast.walk(node.value):  # type: ignore[attr-defined]
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id not in assigned:
+                        local = sub.id in facts.local_names
+                        if (local or sub.id in ctx.globals) and not facts.resolves_to_torch(sub.id) and sub.id not in names:
+                            names.append(sub.id)
+                    if _is_self_attr(sub) and sub.attr not in attrs:  # type: ignore[union-attr]
+                        attrs.append(sub.attr)  # type: ignore[union-attr]
+                assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
+            names += [o for o in outputs if o not in assigned and o not in names]  # cloned as is
+        held: list[ast.expr] = [_load(name) for name in names]
+        modules = list(ctx.model.modules()) if isinstance(ctx.model, torch.nn.Module) else []
+        for attr in attrs:
+            if "self" not in names or any(isinstance(inspect.getattr_static(type(m), attr, None), property) for m in modules):
+                continue
+            held.append(
+                ast.Call(func=_load("getattr"), args=[_load("self"), ast.Constant(attr), ast.Constant(None)], keywords=[])
+            )
+        return held
 
     _PURE_MODULES = (
         "Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
