@@ -433,3 +433,16 @@ def test_attribute_stores_after_a_torch_cond_whose_branch_first_reaches_self_are
     assert result.status == "checked"
     assert any(rule == "where" and status == "applied" and "torch.cond" in r for _, rule, status, r in result.outcomes)
     assert result.mismatches == [], result.mismatches[:2]
+
+
+def test_a_torch_cond_after_an_attribute_store_is_declined():
+    """Found by the fuzzer (seed 11): with `self.last = ...` before a torch.cond in the same compiled
+    frame, Dynamo (torch 2.13) dropped the `self.calls += 1` after it, however the branches reach
+    `self`. [Where] now declines torch.cond when an attribute store may run before it."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_cond_store_before.py"), seed=5, start=1, aot=True)
+    assert result.status == "checked"
+    reasons = [r for _, rule, status, r in result.outcomes if rule == "where" and status == "declined"]
+    assert len(reasons) == 2 and all("`self.last` may run before it" in r for r in reasons), result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]

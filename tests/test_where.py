@@ -142,7 +142,10 @@ def test_attribute_stores_after_torch_cond_are_kept(cls):
     backend = CountingBackend()
     compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
     (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
-    assert dc.status == "applied" and "torch.cond" in dc.reason
+    if cls is HelperCountAfterCond:  # a store in another method may run before the cond: declined
+        assert dc.status == "declined" and "`self.count` in HelperCountAfterCond.bump" in dc.reason, dc.reason
+    else:
+        assert dc.status == "applied" and "torch.cond" in dc.reason
     for x in (P, N, P * 0.5):
         COUNTS.count = 0
         with torch.no_grad():
@@ -153,7 +156,8 @@ def test_attribute_stores_after_torch_cond_are_kept(cls):
         assert bits_equal(expected, got)
         assert _counts(model) == want
     # Dynamo may recompile on the stored int, but every graph is the whole forward, cond included
-    assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
+    if dc.status == "applied":
+        assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
 
 
 def test_or_guard_on_finite_inf_and_nan_inputs():

@@ -51,6 +51,11 @@ a branch would lose a later ``self.count += 1``).
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
   methods, indexing that can go out of range, names unbound on that path;
+- ``torch.cond`` when an attribute store (``x.a = ...``, ``+=``, ``setattr``)
+  may run before it in the compiled frame: earlier in the function (anywhere
+  in it inside a loop) or in a method other than ``__init__`` of the model's
+  own module classes. Dynamo (torch 2.13) then drops the attribute stores
+  made after the cond (measured with hand-written ``torch.cond``);
 - a test whose atoms are not provably tensors (for ``and``/``or``/``not``);
 - a name assigned on one path only and read after the ``if``.
 
@@ -271,6 +276,12 @@ class Where(Rule):
                     if guard is not None:
                         guards.append(guard)
                 known.add(node.targets[0].id)  # type: ignore[attr-defined]
+        store = _attribute_store_before(stmt, ctx)
+        if store is not None:
+            raise Decline(
+                f"{store} may run before it in the compiled frame, and Dynamo then drops "
+                "attribute stores made after a torch.cond (torch 2.13)"
+            )
         functions: list[ast.stmt] = []
         names: list[str] = []
         for side, block in (("true", stmt.body), ("false", stmt.orelse)):
@@ -768,6 +779,66 @@ class Where(Rule):
             for n in ast.walk(fdef)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
         }
+
+
+def _attribute_stores(node: ast.AST) -> list[ast.AST]:
+    """``x.a = ...``, ``x.a += ...``, ``del x.a`` and ``setattr(...)`` / ``delattr(...)`` calls in ``node``."""
+    found: list[ast.AST] = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            found.append(sub)
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("setattr", "delattr"):
+            found.append(sub)
+    return found
+
+
+def _class_stores(cls: type, skip: tuple[str, int]) -> str | None:
+    """The first attribute store in a method of ``cls`` other than ``__init__``
+    and the function at ``skip`` (file, line), as text."""
+    import inspect
+    import os
+    import textwrap
+
+    try:
+        lines, start = inspect.getsourcelines(cls)
+        path = os.path.abspath(inspect.getsourcefile(cls) or "")
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return f"{cls.__name__} (source unavailable)"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__":
+            if (path, node.lineno + start - 1) == skip:
+                continue
+            stores = _attribute_stores(node)
+            if stores:
+                return f"`{ast.unparse(stores[0])}` in {cls.__name__}.{node.name}"
+    return None
+
+
+def _attribute_store_before(stmt: ast.If, ctx: RewriteContext) -> str | None:
+    """An attribute store that may run before ``stmt`` in the same compiled frame:
+    earlier in the function (anywhere in it when ``stmt`` sits in a loop), or in a
+    method (not ``__init__``) of one of the live model's own module classes."""
+    import os
+
+    import torch
+
+    in_loop = any(
+        isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and any(sub is stmt for sub in ast.walk(node))
+        for node in ast.walk(ctx.fdef)
+    )
+    for store in _attribute_stores(ctx.fdef):
+        if in_loop or store.lineno < stmt.lineno:  # type: ignore[attr-defined]
+            return f"`{ast.unparse(store)}`"
+    if isinstance(ctx.model, torch.nn.Module):
+        skip = (os.path.abspath(ctx.filename), ctx.fdef.lineno)
+        for cls in dict.fromkeys(type(m) for m in ctx.model.modules()):
+            if cls.__module__.startswith("torch."):
+                continue
+            found = _class_stores(cls, skip)
+            if found is not None:
+                return found
+    return None
 
 
 def _trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
