@@ -111,6 +111,13 @@ class HelperCountAfterCond(CountAfterCond):
         return h
 
 
+class SetterCountAfterCond(CountAfterCond):
+    """A method forward never calls stores an attribute: it cannot run before the cond."""
+
+    def set_lin(self, lin):
+        self.lin = lin
+
+
 class GlobalCountAfterCond(torch.nn.Module):
     """A global object first met inside the branch (`COUNTS.scale`), stored after."""
 
@@ -131,7 +138,7 @@ def _counts(model):
 
 
 @pytest.mark.parametrize(
-    "cls", [CountAfterCond, ObjectCountAfterCond, HelperCountAfterCond, GlobalCountAfterCond], ids=lambda c: c.__name__
+    "cls", [CountAfterCond, ObjectCountAfterCond, HelperCountAfterCond, SetterCountAfterCond, GlobalCountAfterCond], ids=lambda c: c.__name__
 )
 def test_attribute_stores_after_torch_cond_are_kept(cls):
     """Found by the fuzzer (seed 10, d95b4b2cf4b0): Dynamo drops a later attribute store to an object

@@ -53,9 +53,10 @@ a branch would lose a later ``self.count += 1``).
   methods, indexing that can go out of range, names unbound on that path;
 - ``torch.cond`` when an attribute store (``x.a = ...``, ``+=``, ``setattr``)
   may run before it in the compiled frame: earlier in the function (anywhere
-  in it inside a loop) or in a method other than ``__init__`` of the model's
-  own module classes. Dynamo (torch 2.13) then drops the attribute stores
-  made after the cond (measured with hand-written ``torch.cond``);
+  in it inside a loop) or in the ``forward`` of one of the model's own module
+  classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13)
+  then drops the attribute stores made after the cond (measured with
+  hand-written ``torch.cond``);
 - a test whose atoms are not provably tensors (for ``and``/``or``/``not``);
 - a name assigned on one path only and read after the ``if``.
 
@@ -793,32 +794,47 @@ def _attribute_stores(node: ast.AST) -> list[ast.AST]:
 
 
 def _class_stores(cls: type, skip: tuple[str, int]) -> str | None:
-    """The first attribute store in a method of ``cls`` other than ``__init__``
-    and the function at ``skip`` (file, line), as text."""
+    """The first attribute store, as text, in the methods ``forward`` of ``cls``
+    runs: ``forward`` and the methods it calls as ``self.name(...)``, through
+    the class's own (not torch's) bases, except the function at ``skip`` (file, line)."""
     import inspect
     import os
     import textwrap
 
-    try:
-        lines, start = inspect.getsourcelines(cls)
-        path = os.path.abspath(inspect.getsourcefile(cls) or "")
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
-        return f"{cls.__name__} (source unavailable)"
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__":
-            if (path, node.lineno + start - 1) == skip:
-                continue
+    methods: dict[str, tuple[ast.AST, str, int]] = {}
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch.") or klass is object:
+            continue
+        try:
+            lines, start = inspect.getsourcelines(klass)
+            path = os.path.abspath(inspect.getsourcefile(klass) or "")
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError):
+            return f"a method of {klass.__name__} (no source to check)"
+        for node in tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in methods:
+                methods[node.name] = (node, path, node.lineno + start - 1)
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        node, path, line = methods[name]
+        if (path, line) != skip:
             stores = _attribute_stores(node)
             if stores:
-                return f"`{ast.unparse(stores[0])}` in {cls.__name__}.{node.name}"
+                return f"`{ast.unparse(stores[0])}` in {cls.__name__}.{name}"
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
+                todo.append(call.func.attr)
     return None
 
 
 def _attribute_store_before(stmt: ast.If, ctx: RewriteContext) -> str | None:
     """An attribute store that may run before ``stmt`` in the same compiled frame:
-    earlier in the function (anywhere in it when ``stmt`` sits in a loop), or in a
-    method (not ``__init__``) of one of the live model's own module classes."""
+    earlier in the function (anywhere in it when ``stmt`` sits in a loop), or in
+    what ``forward`` runs of one of the live model's own module classes."""
     import os
 
     import torch
