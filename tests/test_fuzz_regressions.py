@@ -478,3 +478,73 @@ def test_a_signed_zero_gradient_from_aot_autograd_is_the_backends():
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
     assert "aot_eager+grad, call 2: output[1].x: values differ (max abs diff 0)" in result.backend_differences
+
+
+class PrintThenAssert(nn.Module):
+    """The assert stays in the function ([Trap] declines: a state change follows it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        print("x is", x)
+        assert (x > 0).all(), "not positive"
+        self.calls += 1
+        return x * 2
+
+
+class PrintThenTrappedAssert(nn.Module):
+    def forward(self, x):
+        print("x is", x)
+        assert (x > 0).all(), "not positive"
+        return x * 2
+
+
+class PrintThenShapeAssert(nn.Module):
+    def forward(self, x):
+        print("x is", x)
+        assert x.dim() == 1 and x.shape[0] > 0, "a vector"
+        return x * 2
+
+
+@pytest.mark.parametrize(
+    "cls, defer",
+    [(PrintThenAssert, "declined"), (PrintThenTrappedAssert, "applied"), (PrintThenShapeAssert, "applied")],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_output_recorded_before_an_assert_compiled_into_the_graph_is_not_lost(cls, defer):
+    """Found by the fuzzer (seed 12): Dynamo compiles an assert on tensor values into the graph; when
+    it failed, the graph raised before returning and the print / log recorded in it was lost. [Defer]
+    now leaves such a function's effects in place; a trapped assert or one on shapes keeps them deferred."""
+    bad = -torch.ones(3)
+    expected = run(cls(), bad)
+    assert expected.stdout.startswith("x is tensor([-1., -1., -1.])")
+    compiled = graphmend.compile(cls(), backend="eager", example_inputs=(torch.ones(3),))
+    outcomes = {o.rule: (o.status, o.reason) for o in compiled.report.outcomes}
+    assert outcomes["defer"][0] == defer, outcomes
+    if defer == "declined":
+        assert "stays an assert on tensor values" in outcomes["defer"][1]
+    got = run(compiled, bad)
+    assert got.stdout == expected.stdout
+    if cls is PrintThenShapeAssert:
+        assert got.exception is None and torch.equal(got.output, expected.output)
+    elif defer == "applied":  # trapped: AssertionError after the call, as eager raises it
+        assert got.exception == ("AssertionError", "not positive")  # eager's, less pytest's assert rewriting
+        assert expected.exception[0] == "AssertionError" and expected.exception[1].startswith("not positive")
+    else:  # left in the graph: what torch.compile of the original raises
+        torch._dynamo.reset()
+        control = run(torch.compile(cls(), backend="eager"), bad)
+        assert got.exception[0] == control.exception[0] != "AssertionError"
+
+
+def test_a_deferred_log_before_an_assert_on_a_path_not_taken_is_kept():
+    """The fuzz program (seed 12): a logger call on a path the example input did not take was deferred
+    ahead, with the function's other effects; the assert after it failed in the graph on a NaN input."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_assert_after_deferred_log.py"), seed=4935, start=7, aot=True)
+    assert result.status == "checked"
+    reasons = [r for _, rule, status, r in result.outcomes if rule == "defer" and status == "declined"]
+    assert reasons and all("stays an assert on tensor values" in r for r in reasons), result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]

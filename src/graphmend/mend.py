@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import inspect
 import os
 import sys
@@ -40,6 +41,7 @@ from typing import Any, Iterable
 import torch
 
 from . import engine, runtime
+from .asserts import assert_in_graph
 from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
@@ -242,14 +244,7 @@ def _apply_round(
                 by_function.setdefault(id(located.code), (located, []))
     applied = 0
     for located, pairs in by_function.values():
-        node = engine.rewrite(located, [r for _, r in pairs], model)
-        if only is None:  # then what the rules rewrite ahead in the function
-            more = _ahead_sites(located, pairs, rules, enabled, outcomes)
-            node = engine.rewrite(located, [r for _, r in more], model)
-            # One that declined stays as it was, unreported: no break was seen there.
-            pairs = pairs + [(s, r) for s, r in more if r.ok]
-            for site, rw in more:
-                rw.notes.append(site.verdict)
+        node, pairs = _rewrite_function(located, pairs, rules, enabled, outcomes, model, only)
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
@@ -289,6 +284,77 @@ def _apply_round(
             applied += 1
     torch._dynamo.reset()
     return applied
+
+
+def _rewrite_function(
+    located: engine.Located,
+    pairs: list[tuple[BreakSite, engine.SiteRewrite]],
+    rules: dict[str, Rule],
+    enabled: tuple[str, ...],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    model: Any,
+    only: Any,
+) -> tuple[Any, list[tuple[BreakSite, engine.SiteRewrite]]]:
+    """Apply the rules to one function: its sites, then what they rewrite ahead.
+
+    Deferred effects are recorded by the graph and performed after it returns.
+    An ``assert`` on tensor values that stays in the function (no [Trap]
+    rewrite) compiles into the graph (``torch._assert_async``); when it fails,
+    the graph raises before returning, and the output recorded in it is lost.
+    Then the function is rewritten again without [Defer]."""
+    pristine = copy.deepcopy(located.node)
+    node, done = _rewrite_once(located, pairs, rules, enabled, outcomes, model, only)
+    deferred = any(r.ok and r.rule.name == "defer" for _, r in done)
+    held = assert_in_graph(node, _owners(located, model), located.namespace) if deferred else None
+    if held is None:
+        return node, done
+    reason = (
+        f"`{held[0]}` (line {held[1]}) stays an assert on tensor values, which Dynamo compiles into the "
+        "graph: when it fails, the graph raises before the output recorded in it is performed"
+    )
+    located.node = pristine
+    kept = []
+    for site, rw in pairs:
+        if rw.rule.name == "defer":
+            rw.ok, rw.reason, rw.notes = False, reason, []
+        else:
+            rw.ok, rw.reason, rw.notes, rw.memo_attrs, rw.unalias = False, "", [], set(), set()
+            kept.append((site, rw))
+    without = tuple(name for name in enabled if name != "defer")
+    node, done = _rewrite_once(located, kept, rules, without, outcomes, model, only)
+    return node, done + [(s, r) for s, r in pairs if r.rule.name == "defer"]
+
+
+def _rewrite_once(
+    located: engine.Located,
+    pairs: list[tuple[BreakSite, engine.SiteRewrite]],
+    rules: dict[str, Rule],
+    enabled: tuple[str, ...],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    model: Any,
+    only: Any,
+) -> tuple[Any, list[tuple[BreakSite, engine.SiteRewrite]]]:
+    node = engine.rewrite(located, [r for _, r in pairs], model)
+    if only is None:  # then what the rules rewrite ahead in the function
+        more = _ahead_sites(located, pairs, rules, enabled, outcomes)
+        node = engine.rewrite(located, [r for _, r in more], model)
+        # One that declined stays as it was, unreported: no break was seen there.
+        pairs = pairs + [(s, r) for s, r in more if r.ok]
+        for site, rw in more:
+            rw.notes.append(site.verdict)
+    return node, pairs
+
+
+def _owners(located: engine.Located, model: Any) -> list[Any]:
+    """The live modules whose class (or a base) runs the located function."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return []
+    name = located.node.name
+    return [
+        m for m in model.modules() if any(base.__dict__.get(name) in located.functions for base in type(m).__mro__)
+    ]
 
 
 def _ahead_sites(

@@ -49,7 +49,12 @@ eager Python does.
 - ``logger.exception`` (it reads the exception being handled at the call);
 - ``stacklevel=`` other than 1, ``stack_info=`` or ``exc_info=`` (they read
   the call stack or the active exception, which only exist at the call);
-- a receiver expression that calls something other than ``logging.getLogger``.
+- a receiver expression that calls something other than ``logging.getLogger``;
+- the function keeps an ``assert`` (or ``torch._assert``) whose test may be a
+  tensor, not rewritten by [Trap]: Dynamo compiles it into the graph, and when
+  it fails the graph raises before returning, so output recorded in that graph
+  would be lost (decided after the function's other rewrites: an assert [Trap]
+  rewrote, or one on shapes, types or ``is None``, does not count).
 
 ## Fix safety
 Arguments are evaluated where they were; only the I/O moves. Tensors are
@@ -59,7 +64,10 @@ forward prints its later state; verification catches this on the example
 inputs). An effect that was not deferred (another function's, on a path the
 example did not take) makes the runtime perform the pending records first, so
 it never overtakes them; output written outside Python (a C extension's) is
-not seen and can interleave differently.
+not seen and can interleave differently. An error raised inside a compiled
+graph (an index out of range in ``nn.Embedding``, an assert in another
+function of the same graph) loses the output recorded earlier in that graph,
+which eager Python would have printed before the error.
 """
 
 from __future__ import annotations

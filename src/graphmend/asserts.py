@@ -1,0 +1,236 @@
+"""Which asserts of a function Dynamo compiles into its graph.
+
+``assert cond, msg`` (or ``torch._assert(cond, msg)``) on a Python value is
+decided while Dynamo traces; on a tensor it becomes ``torch._assert_async``
+in the graph, and when it fails at run time the graph raises before it
+returns. Output [Defer] recorded earlier in that graph is then lost (Dynamo
+applies side effects when a graph completes), so mend.py keeps the function's
+effects in place when ``assert_in_graph`` finds such an assert.
+
+A test counts as decided in Python only when that is shown: constants,
+``is`` / ``is not``, shapes, dtypes and sizes (``x.shape``, ``x.size()``,
+``x.dim()``...), ``len`` / ``isinstance``-like builtins, arithmetic and
+comparisons of those, locals every assignment of which is such a value,
+``self.<attr>`` chains whose value is a plain Python value on every live
+module that runs the function (not stored to by the function), and module
+globals holding one. Anything else may be a tensor and counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from typing import Any
+
+import torch
+
+from .rules import RUNTIME_NAME
+
+_STATIC_ATTRS = {"shape", "ndim", "dtype", "device", "training", "is_cuda", "requires_grad", "layout"}
+_STATIC_METHODS = {"dim", "size", "numel", "nelement", "is_contiguous", "element_size", "get_device", "is_floating_point"}
+_ALWAYS_STATIC = {"isinstance", "issubclass", "hasattr", "callable", "len", "type"}
+# Builtins whose result is a Python value when their arguments are.
+_PURE_BUILTINS = {"list", "tuple", "max", "min", "abs", "sum", "range", "int", "float", "bool", "str", "round", "divmod"}
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def assert_in_graph(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any], namespace: dict) -> tuple[str, int] | None:
+    """(first line, line number) of the first assert in ``node`` whose test may
+    be a tensor, outside a [Trap] rewrite's fallback (the ``else`` of ``if
+    __graphmend_rt__.trappable(...)``, which a compiled region does not run);
+    else None. ``owners``: the live modules whose class runs the function."""
+    fallbacks = {
+        id(sub)
+        for branch in ast.walk(node)
+        if isinstance(branch, ast.If) and _is_runtime_call(branch.test, "trappable")
+        for stmt in branch.orelse
+        for sub in ast.walk(stmt)
+    }
+    facts = _Facts(node, owners, namespace)
+    for sub in ast.walk(node):
+        if id(sub) in fallbacks:
+            continue
+        test = None
+        if isinstance(sub, ast.Assert):
+            test = sub.test
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("_assert", "_assert_async") and sub.args:
+            test = sub.args[0]
+        if test is not None and not facts.static(test):
+            return ast.unparse(sub).splitlines()[0], sub.lineno
+    return None
+
+
+class _Facts:
+    def __init__(self, node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any], namespace: dict):
+        self.owners, self.namespace = owners, namespace
+        args = node.args
+        positional = args.posonlyargs + args.args
+        self.receiver = positional[0].arg if positional and owners else None
+        self.stored_attrs: set[str] = set()  # self.<attr> the function assigns
+        sources: dict[str, list[ast.expr | None]] = {}  # name -> what it is assigned (None: unknown)
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = sub.args
+                for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]:
+                    if arg is not None and not (sub is node and arg.arg == self.receiver):
+                        sources.setdefault(arg.arg, []).append(None)
+            if isinstance(sub, ast.Assign):
+                for target in sub.targets:
+                    _bind(target, sub.value, sources)
+            elif isinstance(sub, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and sub.value is not None:
+                value = sub.value if not isinstance(sub, ast.AugAssign) else ast.BinOp(sub.target, sub.op, sub.value)
+                _bind(sub.target, value, sources)
+            elif isinstance(sub, (ast.For, ast.AsyncFor)):
+                _bind(sub.target, sub.iter if _is_call_of(sub.iter, "range") else None, sources)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                for alias in sub.names:
+                    sources.setdefault((alias.asname or alias.name).split(".")[0], []).append(None)
+            elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                sources.setdefault(sub.name, []).append(None)
+            elif isinstance(sub, (ast.Global, ast.Nonlocal)):
+                for name in sub.names:
+                    sources.setdefault(name, []).append(None)
+        bound_by_assignments = {n for sub in ast.walk(node) for n in _stored_names(sub)}
+        for sub in ast.walk(node):  # any other binding (with ... as, comprehensions, match): unknown
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and sub.id not in bound_by_assignments:
+                sources.setdefault(sub.id, []).append(None)
+            if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                chain = self._chain(sub)
+                if chain is not None:
+                    self.stored_attrs.add(chain[0])
+        if self.receiver in sources:  # rebound: not the module any more
+            self.receiver = None
+        self.locals = set(sources)
+        # The largest set of names all of whose assignments are static, shrunk to a fixpoint.
+        self.static_names = {name for name, values in sources.items() if None not in values}
+        changed = True
+        while changed:
+            changed = False
+            for name in list(self.static_names):
+                if not all(self.static(v) for v in sources[name]):  # type: ignore[arg-type]
+                    self.static_names.discard(name)
+                    changed = True
+
+    def _chain(self, node: ast.Attribute) -> list[str] | None:
+        """``["a", "b"]`` for ``self.a.b``; None when not rooted at the receiver."""
+        chain: list[str] = []
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            chain.insert(0, root.attr)
+            root = root.value
+        return chain if isinstance(root, ast.Name) and root.id == self.receiver else None
+
+    def static(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Name):
+            if node.id in self.locals:
+                return node.id in self.static_names
+            if node.id in self.namespace:
+                return _plain(self.namespace[node.id])
+            return hasattr(builtins, node.id) and _plain(getattr(builtins, node.id))
+        if isinstance(node, ast.Attribute):
+            return node.attr in _STATIC_ATTRS or self._resolved(node)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return all(self.static(e) for e in node.elts)
+        if isinstance(node, ast.Starred):
+            return self.static(node.value)
+        if isinstance(node, ast.Subscript):
+            return self.static(node.value) and self.static(node.slice)
+        if isinstance(node, ast.Slice):
+            return all(part is None or self.static(part) for part in (node.lower, node.upper, node.step))
+        if isinstance(node, ast.BinOp):
+            return self.static(node.left) and self.static(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return self.static(node.operand)
+        if isinstance(node, ast.BoolOp):
+            return all(self.static(v) for v in node.values)
+        if isinstance(node, ast.IfExp):  # a tensor test breaks the graph; the value is one of the two
+            return self.static(node.body) and self.static(node.orelse)
+        if isinstance(node, ast.Compare):
+            if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                return True
+            return all(self.static(v) for v in [node.left, *node.comparators])
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _STATIC_METHODS:
+                return True
+            if isinstance(func, ast.Name) and func.id not in self.locals and func.id not in self.namespace:
+                if func.id in _ALWAYS_STATIC:
+                    return True
+                if func.id in _PURE_BUILTINS:
+                    return all(self.static(a) for a in node.args) and all(self.static(k.value) for k in node.keywords)
+        return False
+
+    def _resolved(self, node: ast.Attribute) -> bool:
+        """``self.a.b`` or ``<global>.a.b``: a plain value on every live owner
+        (or in the module namespace), and not stored to by the function."""
+        chain: list[str] = []
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            chain.insert(0, root.attr)
+            root = root.value
+        if not isinstance(root, ast.Name):
+            return False
+        if root.id == self.receiver:
+            if chain[0] in self.stored_attrs:
+                return False
+            starts = list(self.owners)
+        elif root.id not in self.locals and root.id in self.namespace:
+            starts = [self.namespace[root.id]]
+        else:
+            return False
+        for value in starts:
+            try:
+                for attr in chain:
+                    value = getattr(value, attr)
+            except Exception:
+                return False
+            if not _plain(value):
+                return False
+        return bool(starts)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (tuple, list)) and depth < 2 and len(value) <= 64:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+def _bind(target: ast.expr, value: ast.expr | None, sources: dict[str, list[ast.expr | None]]) -> None:
+    if isinstance(target, ast.Name):
+        sources.setdefault(target.id, []).append(value)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        pairs = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts)
+        pairs = pairs and not any(isinstance(e, ast.Starred) for e in [*target.elts, *value.elts])  # type: ignore[union-attr]
+        for i, elt in enumerate(target.elts):
+            _bind(elt, value.elts[i] if pairs else value, sources)  # type: ignore[union-attr]
+    elif isinstance(target, ast.Starred):
+        _bind(target.value, value, sources)
+
+
+def _stored_names(node: ast.AST) -> list[str]:
+    """Names bound by an assignment or loop statement (what ``_bind`` sees)."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.AsyncFor)):
+        targets = [node.target]
+    else:
+        return []
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+def _is_call_of(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+
+
+def _is_runtime_call(expr: ast.expr, name: str) -> bool:
+    return (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Attribute)
+        and expr.func.attr == name
+        and isinstance(expr.func.value, ast.Name)
+        and expr.func.value.id == RUNTIME_NAME
+    )
