@@ -1,6 +1,6 @@
 """Which asserts of a function graphmend takes as compiled into the graph
-(src/graphmend/asserts.py): [Defer] keeps a function's effects in place when
-one may fail inside the graph."""
+(src/graphmend/asserts.py): where [Defer] applies, a graph break goes before
+each one, which may fail inside the graph."""
 
 import ast
 import textwrap
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphmend.asserts import assert_in_graph
+from graphmend.asserts import held_asserts
 
 WINDOW = 4
 SCALE = torch.ones(2)
@@ -27,8 +27,8 @@ class Owner(nn.Module):
 def held(body: str, params: str = "self, x") -> str | None:
     source = f"def f({params}):\n" + textwrap.indent(textwrap.dedent(body), "    ")
     node = ast.parse(source).body[0]
-    found = assert_in_graph(node, [Owner()], {"torch": torch, "WINDOW": WINDOW, "SCALE": SCALE})
-    return None if found is None else found[0]
+    found = held_asserts(node, [Owner()], {"torch": torch, "WINDOW": WINDOW, "SCALE": SCALE})
+    return ast.unparse(found[0]) if found else None
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,8 @@ def held(body: str, params: str = "self, x") -> str | None:
         "assert x.size(1) == WINDOW",
         "assert x.dtype == torch.float32",
         "for i in range(x.dim()):\n    assert i < 4",
-        "torch._assert(x.numel() > 0, 'empty')",
+        "torch._assert_async(x.numel() > 0, 'empty')",
+        "torch._assert((x > 0).all(), 'a graph break, not in the graph')",
         "if __graphmend_rt__.trappable(1):\n    pass\nelse:\n    assert (x > 0).all()",
     ],
 )
@@ -56,7 +57,7 @@ def test_an_assert_decided_while_tracing_is_not_held(body):
     "body, params",
     [
         ("assert (x > 0).all(), 'not positive'", "self, x"),
-        ("torch._assert(~x.isnan().any(), 'nan')", "self, x"),
+        ("torch._assert_async(~x.isnan().any(), 'nan')", "self, x"),
         ("m = x.min()\nassert m > 0", "self, x"),
         ("n = 2\nn = x.sum()\nassert n > 0", "self, x"),  # one assignment is a tensor
         ("assert n > 0", "self, x, n"),  # a parameter may be a tensor

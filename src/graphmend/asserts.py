@@ -1,11 +1,13 @@
 """Which asserts of a function Dynamo compiles into its graph.
 
-``assert cond, msg`` (or ``torch._assert(cond, msg)``) on a Python value is
-decided while Dynamo traces; on a tensor it becomes ``torch._assert_async``
-in the graph, and when it fails at run time the graph raises before it
-returns. Output [Defer] recorded earlier in that graph is then lost (Dynamo
+``assert cond, msg`` on a Python value is decided while Dynamo traces; on a
+tensor it becomes ``torch._assert_async`` in the graph (as a direct
+``torch._assert_async`` call does), and when it fails at run time the graph
+raises before it returns. (``torch._assert(cond, msg)`` on a tensor is a
+graph break: the graph before it completes, so nothing recorded is lost.) Output [Defer] recorded earlier in that graph is then lost (Dynamo
 applies side effects when a graph completes), so mend.py keeps the function's
-effects in place when ``assert_in_graph`` finds such an assert.
+effects safe when ``held_asserts`` finds such an assert (a graph break
+before it, ``runtime.barrier``).
 
 A test counts as decided in Python only when that is shown: constants,
 ``is`` / ``is not``, shapes, dtypes and sizes (``x.shape``, ``x.size()``,
@@ -34,11 +36,12 @@ _PURE_BUILTINS = {"list", "tuple", "max", "min", "abs", "sum", "range", "int", "
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
-def assert_in_graph(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any], namespace: dict) -> tuple[str, int] | None:
-    """(first line, line number) of the first assert in ``node`` whose test may
-    be a tensor, outside a [Trap] rewrite's fallback (the ``else`` of ``if
-    __graphmend_rt__.trappable(...)``, which a compiled region does not run);
-    else None. ``owners``: the live modules whose class runs the function."""
+def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any], namespace: dict) -> list[ast.AST]:
+    """The asserts (``assert`` statements, ``torch._assert_async(...)`` calls) in
+    ``node`` whose test may be a tensor, outside a [Trap] rewrite's fallback
+    (the ``else`` of ``if __graphmend_rt__.trappable(...)``, which a compiled
+    region does not run), in source order. ``owners``: the live modules whose
+    class runs the function."""
     fallbacks = {
         id(sub)
         for branch in ast.walk(node)
@@ -47,17 +50,18 @@ def assert_in_graph(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[A
         for sub in ast.walk(stmt)
     }
     facts = _Facts(node, owners, namespace)
+    held = []
     for sub in ast.walk(node):
         if id(sub) in fallbacks:
             continue
         test = None
         if isinstance(sub, ast.Assert):
             test = sub.test
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("_assert", "_assert_async") and sub.args:
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "_assert_async" and sub.args:
             test = sub.args[0]
         if test is not None and not facts.static(test):
-            return ast.unparse(sub).splitlines()[0], sub.lineno
-    return None
+            held.append(sub)
+    return sorted(held, key=lambda n: (n.lineno, n.col_offset))
 
 
 class _Facts:

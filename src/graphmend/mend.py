@@ -41,14 +41,14 @@ from typing import Any, Iterable
 import torch
 
 from . import engine, runtime
-from .asserts import assert_in_graph
+from .asserts import held_asserts
 from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import is_library_internal, trace_breaks
 from .errors import describe
 from .check.find import find_in_source
-from .rules import Decline, Rule, load_rules
+from .rules import RUNTIME_NAME, Decline, Rule, load_rules
 from .sites import BreakSite, display_path
 from .source import statement_in
 from .targets import Target, private_copy, run_eager
@@ -298,19 +298,40 @@ def _rewrite_function(
     """Apply the rules to one function: its sites, then what they rewrite ahead.
 
     Deferred effects are recorded by the graph and performed after it returns.
-    An ``assert`` on tensor values that stays in the function (no [Trap]
-    rewrite) compiles into the graph (``torch._assert_async``); when it fails,
-    the graph raises before returning, and the output recorded in it is lost.
-    Then the function is rewritten again without [Defer]."""
+    An ``assert`` that may be on tensor values and stays in the function (no
+    [Trap] rewrite) compiles into the graph (``torch._assert_async``); when it
+    fails, the graph raises before returning, and the output recorded in it is
+    lost. A graph break (``runtime.barrier()``) goes before each such assert,
+    so the records made so far reach the region first, when that leaves fewer
+    breaks than the effects would (a tie goes to the breaks when a warning is
+    among them); otherwise, or where one cannot be placed (the assert call
+    sits inside an expression), the function is rewritten again without
+    [Defer]."""
     pristine = copy.deepcopy(located.node)
     node, done = _rewrite_once(located, pairs, rules, enabled, outcomes, model, only)
-    deferred = any(r.ok and r.rule.name == "defer" for _, r in done)
-    held = assert_in_graph(node, _owners(located, model), located.namespace) if deferred else None
-    if held is None:
+    deferred = [r for _, r in done if r.ok and r.rule.name == "defer"]
+    held = held_asserts(node, _owners(located, model), located.namespace) if deferred else []
+    if not held:
         return node, done
+    effects = [c.func.attr for c in ast.walk(node) if _is_runtime_call(c, ("print_", "log", "warn"))]
+    # A break per assert, or one per effect left in place: the fewer. On a tie a warning tips it to
+    # the breaks: one left in a frame Dynamo compiled can report another line (README, torch issue).
+    needed = sum(1 for h in held if not _after_barrier(node, h))
+    barrier = needed < len(effects) or (needed == len(effects) and "warn" in effects)
+    placed = _place_barriers(node, held) if barrier else None
+    if placed is not None:
+        for rw in deferred:
+            rw.notes.append(
+                f"a graph break is kept before {placed}: an assert that may be on tensor values fails inside "
+                "the graph, which would lose the output recorded before it"
+            )
+        return node, done
+    first = held[0]
     reason = (
-        f"`{held[0]}` (line {held[1]}) stays an assert on tensor values, which Dynamo compiles into the "
-        "graph: when it fails, the graph raises before the output recorded in it is performed"
+        f"`{ast.unparse(first).splitlines()[0]}` (line {first.lineno}) stays an assert that may be on tensor values, "
+        "which Dynamo compiles into the graph: when it fails, the graph raises before the output recorded in it "
+        "is performed; "
+        + ("a graph break before it would save no graph" if not barrier else "no graph break can go before it alone")
     )
     located.node = pristine
     kept = []
@@ -323,6 +344,56 @@ def _rewrite_function(
     without = tuple(name for name in enabled if name != "defer")
     node, done = _rewrite_once(located, kept, rules, without, outcomes, model, only)
     return node, done + [(s, r) for s, r in pairs if r.rule.name == "defer"]
+
+
+def _place_barriers(node: ast.AST, held: list[ast.AST]) -> str | None:
+    """Put ``__graphmend_rt__.barrier()`` before the statement of each held
+    assert (once); what was placed, for the report, or None (nothing changed)
+    when an assert is not a statement of its own."""
+    where = _statements(node)
+    spots = [where.get(id(h)) for h in held]
+    if any(spot is None for spot in spots):
+        return None
+    for block, index in sorted(spots, key=lambda s: s[1], reverse=True):  # type: ignore[index]
+        if index and _is_barrier(block[index - 1]):
+            continue
+        barrier = ast.Expr(ast.Call(ast.Attribute(ast.Name(RUNTIME_NAME, ast.Load()), "barrier", ast.Load()), [], []))
+        block.insert(index, ast.fix_missing_locations(ast.copy_location(barrier, block[index])))
+    shown = ", ".join(f"`{ast.unparse(h).splitlines()[0]}` (line {h.lineno})" for h in held[:2])
+    return shown + (f" and {len(held) - 2} more" if len(held) > 2 else "")
+
+
+def _statements(node: ast.AST) -> dict[int, tuple[list, int]]:
+    """id of each statement in ``node`` (of the call, for an expression
+    statement) -> (the block that holds it, its index there)."""
+    where: dict[int, tuple[list, int]] = {}
+    for parent in ast.walk(node):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list):
+                for index, stmt in enumerate(block):
+                    where[id(stmt.value if isinstance(stmt, ast.Expr) else stmt)] = (block, index)
+    return where
+
+
+def _is_barrier(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and _is_runtime_call(stmt.value, ("barrier",))
+
+
+def _after_barrier(node: ast.AST, held: ast.AST) -> bool:
+    """Whether the statement before ``held`` is already a barrier (an earlier round's)."""
+    spot = _statements(node).get(id(held))
+    return spot is not None and spot[1] > 0 and _is_barrier(spot[0][spot[1] - 1])
+
+
+def _is_runtime_call(node: ast.AST, names: tuple[str, ...]) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in names
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == RUNTIME_NAME
+    )
 
 
 def _rewrite_once(

@@ -477,6 +477,15 @@ def _shared(module: Any, name: str, tensor: Any) -> bool:
     return False
 
 
+@torch.compiler.disable
+def barrier() -> None:
+    """A graph break, placed before an assert that may be on tensor values in a
+    function with deferred effects (mend.py). Dynamo compiles such an assert
+    into the graph, and a graph that raises loses the records made in it: the
+    break ends the graph before the assert, so the records made so far reach
+    the region, which performs them even when the assert then fails."""
+
+
 # --------------------------------------------------------------------------
 # [Trap]: a validation check becomes a flag; the exception is raised when the
 # region closes, in the place its record holds in the effect order.

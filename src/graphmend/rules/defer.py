@@ -50,11 +50,16 @@ eager Python does.
 - ``stacklevel=`` other than 1, ``stack_info=`` or ``exc_info=`` (they read
   the call stack or the active exception, which only exist at the call);
 - a receiver expression that calls something other than ``logging.getLogger``;
-- the function keeps an ``assert`` (or ``torch._assert``) whose test may be a
-  tensor, not rewritten by [Trap]: Dynamo compiles it into the graph, and when
-  it fails the graph raises before returning, so output recorded in that graph
-  would be lost (decided after the function's other rewrites: an assert [Trap]
-  rewrote, or one on shapes, types or ``is None``, does not count).
+- the function keeps an ``assert`` whose test may be a tensor, not rewritten
+  by [Trap]: Dynamo compiles it into the graph, and when it fails the graph
+  raises before returning, so output recorded in that graph would be lost.
+  A graph break goes before each such assert instead (``runtime.barrier``)
+  when that leaves fewer breaks than keeping the effects in place (a tie goes
+  to the break when a warning is among the effects); the function's effects
+  stay in place only otherwise, or when the assert is not a statement of its
+  own. Decided after the function's other rewrites: an assert [Trap] rewrote,
+  or one on shapes, sizes, types, ``is None`` or plain attributes, does not
+  count (``graphmend/asserts.py``).
 
 ## Fix safety
 Arguments are evaluated where they were; only the I/O moves. Tensors are
