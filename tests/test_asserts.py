@@ -67,6 +67,8 @@ def test_an_assert_decided_while_tracing_is_not_held(body):
         ("self = x\nassert self.window > 0", "self, x"),  # rebound
         ("assert SCALE.sum() > 0", "self, x"),  # a global tensor
         ("with torch.no_grad() as n:\n    pass\nassert n > 0", "self, x"),
+        ("n = 1\nwith x as n:\n    pass\nassert n > 0", "self, x"),  # also bound another way
+        ("n = 1\nfor i, n in enumerate(x):\n    pass\nassert n > 0", "self, x"),
         ("for v in x:\n    assert v > 0", "self, x"),
         ("assert all(v > 0 for v in x)", "self, x"),
         ("assert bool(x.sum())", "self, x"),

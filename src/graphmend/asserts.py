@@ -94,9 +94,9 @@ class _Facts:
             elif isinstance(sub, (ast.Global, ast.Nonlocal)):
                 for name in sub.names:
                     sources.setdefault(name, []).append(None)
-        bound_by_assignments = {n for sub in ast.walk(node) for n in _stored_names(sub)}
+        bound_by_assignments = {id(n) for sub in ast.walk(node) for n in _stored_names(sub)}
         for sub in ast.walk(node):  # any other binding (with ... as, comprehensions, match): unknown
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and sub.id not in bound_by_assignments:
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and id(sub) not in bound_by_assignments:
                 sources.setdefault(sub.id, []).append(None)
             if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                 chain = self._chain(sub)
@@ -215,15 +215,15 @@ def _bind(target: ast.expr, value: ast.expr | None, sources: dict[str, list[ast.
         _bind(target.value, value, sources)
 
 
-def _stored_names(node: ast.AST) -> list[str]:
-    """Names bound by an assignment or loop statement (what ``_bind`` sees)."""
+def _stored_names(node: ast.AST) -> list[ast.Name]:
+    """Name nodes bound by an assignment or loop statement (what ``_bind`` sees)."""
     if isinstance(node, ast.Assign):
         targets = node.targets
     elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.AsyncFor)):
         targets = [node.target]
     else:
         return []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    return [n for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
 
 
 def _is_call_of(node: ast.expr, name: str) -> bool:
