@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from .rules import RUNTIME_NAME
+from .rules import is_runtime_call
+from .source import dotted_name
 
 _STATIC_ATTRS = {"shape", "ndim", "dtype", "device", "training", "is_cuda", "requires_grad", "layout"}
 _STATIC_METHODS = {"dim", "size", "numel", "nelement", "is_contiguous", "element_size", "get_device", "is_floating_point"}
@@ -45,7 +46,7 @@ def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any]
     fallbacks = {
         id(sub)
         for branch in ast.walk(node)
-        if isinstance(branch, ast.If) and _is_runtime_call(branch.test, "trappable")
+        if isinstance(branch, ast.If) and is_runtime_call(branch.test, "trappable")
         for stmt in branch.orelse
         for sub in ast.walk(stmt)
     }
@@ -99,8 +100,8 @@ class _Facts:
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and id(sub) not in bound_by_assignments:
                 sources.setdefault(sub.id, []).append(None)
             if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-                chain = self._chain(sub)
-                if chain is not None:
+                root, *chain = (dotted_name(sub) or ".").split(".")
+                if root == self.receiver:
                     self.stored_attrs.add(chain[0])
         if self.receiver in sources:  # rebound: not the module any more
             self.receiver = None
@@ -114,15 +115,6 @@ class _Facts:
                 if not all(self.static(v) for v in sources[name]):  # type: ignore[arg-type]
                     self.static_names.discard(name)
                     changed = True
-
-    def _chain(self, node: ast.Attribute) -> list[str] | None:
-        """``["a", "b"]`` for ``self.a.b``; None when not rooted at the receiver."""
-        chain: list[str] = []
-        root: ast.expr = node
-        while isinstance(root, ast.Attribute):
-            chain.insert(0, root.attr)
-            root = root.value
-        return chain if isinstance(root, ast.Name) and root.id == self.receiver else None
 
     def static(self, node: ast.expr) -> bool:
         if isinstance(node, ast.Constant):
@@ -169,19 +161,16 @@ class _Facts:
     def _resolved(self, node: ast.Attribute) -> bool:
         """``self.a.b`` or ``<global>.a.b``: a plain value on every live owner
         (or in the module namespace), and not stored to by the function."""
-        chain: list[str] = []
-        root: ast.expr = node
-        while isinstance(root, ast.Attribute):
-            chain.insert(0, root.attr)
-            root = root.value
-        if not isinstance(root, ast.Name):
+        name = dotted_name(node)
+        if name is None:
             return False
-        if root.id == self.receiver:
+        root, *chain = name.split(".")
+        if root == self.receiver:
             if chain[0] in self.stored_attrs:
                 return False
             starts = list(self.owners)
-        elif root.id not in self.locals and root.id in self.namespace:
-            starts = [self.namespace[root.id]]
+        elif root not in self.locals and root in self.namespace:
+            starts = [self.namespace[root]]
         else:
             return False
         for value in starts:
@@ -228,13 +217,3 @@ def _stored_names(node: ast.AST) -> list[ast.Name]:
 
 def _is_call_of(node: ast.expr, name: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
-
-
-def _is_runtime_call(expr: ast.expr, name: str) -> bool:
-    return (
-        isinstance(expr, ast.Call)
-        and isinstance(expr.func, ast.Attribute)
-        and expr.func.attr == name
-        and isinstance(expr.func.value, ast.Name)
-        and expr.func.value.id == RUNTIME_NAME
-    )

@@ -48,7 +48,7 @@ from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import is_library_internal, trace_breaks
 from .errors import describe
 from .check.find import find_in_source
-from .rules import RUNTIME_NAME, Decline, Rule, load_rules
+from .rules import EFFECTS, RUNTIME_NAME, Decline, Rule, is_runtime_call, load_rules
 from .sites import BreakSite, display_path
 from .source import statement_in
 from .targets import Target, private_copy, run_eager
@@ -307,19 +307,33 @@ def _rewrite_function(
     among them); otherwise, or where one cannot be placed (the assert call
     sits inside an expression), the function is rewritten again without
     [Defer]."""
+
+    def rewrite(pairs: list[tuple[BreakSite, engine.SiteRewrite]], enabled: tuple[str, ...]) -> tuple[Any, list]:
+        node = engine.rewrite(located, [r for _, r in pairs], model)
+        if only is None:  # then what the rules rewrite ahead in the function
+            more = _ahead_sites(located, pairs, rules, enabled, outcomes)
+            node = engine.rewrite(located, [r for _, r in more], model)
+            # One that declined stays as it was, unreported: no break was seen there.
+            pairs = pairs + [(s, r) for s, r in more if r.ok]
+            for site, rw in more:
+                rw.notes.append(site.verdict)
+        return node, pairs
+
     pristine = copy.deepcopy(located.node)
-    node, done = _rewrite_once(located, pairs, rules, enabled, outcomes, model, only)
+    node, done = rewrite(pairs, enabled)
     deferred = [r for _, r in done if r.ok and r.rule.name == "defer"]
     held = held_asserts(node, _owners(located, model), located.namespace) if deferred else []
     if not held:
         return node, done
-    effects = [c.func.attr for c in ast.walk(node) if _is_runtime_call(c, ("print_", "log", "warn"))]
+    effects = [c.func.attr for c in ast.walk(node) if is_runtime_call(c, *EFFECTS)]
     # A break per assert, or one per effect left in place: the fewer. On a tie a warning tips it to
     # the breaks: one left in a frame Dynamo compiled can report another line (README, torch issue).
-    needed = sum(1 for h in held if not _after_barrier(node, h))
+    where = _statements(node)
+    spots = [where.get(id(h)) for h in held]
+    needed = sum(1 for spot in spots if spot is None or not _after_barrier(spot))
     barrier = needed < len(effects) or (needed == len(effects) and "warn" in effects)
-    placed = _place_barriers(node, held) if barrier else None
-    if placed is not None:
+    if barrier and None not in spots:
+        placed = _place_barriers(held, spots)  # type: ignore[arg-type]
         for rw in deferred:
             rw.notes.append(
                 f"a graph break is kept before {placed}: an assert that may be on tensor values fails inside "
@@ -341,21 +355,16 @@ def _rewrite_function(
         else:
             rw.ok, rw.reason, rw.notes, rw.memo_attrs, rw.unalias = False, "", [], set(), set()
             kept.append((site, rw))
-    without = tuple(name for name in enabled if name != "defer")
-    node, done = _rewrite_once(located, kept, rules, without, outcomes, model, only)
+    node, done = rewrite(kept, tuple(name for name in enabled if name != "defer"))
     return node, done + [(s, r) for s, r in pairs if r.rule.name == "defer"]
 
 
-def _place_barriers(node: ast.AST, held: list[ast.AST]) -> str | None:
+def _place_barriers(held: list[ast.AST], spots: list[tuple[list, int]]) -> str:
     """Put ``__graphmend_rt__.barrier()`` before the statement of each held
-    assert (once); what was placed, for the report, or None (nothing changed)
-    when an assert is not a statement of its own."""
-    where = _statements(node)
-    spots = [where.get(id(h)) for h in held]
-    if any(spot is None for spot in spots):
-        return None
-    for block, index in sorted(spots, key=lambda s: s[1], reverse=True):  # type: ignore[index]
-        if index and _is_barrier(block[index - 1]):
+    assert (at ``spots``: its block and index), once; what was placed, for the
+    report."""
+    for block, index in sorted(spots, key=lambda s: s[1], reverse=True):
+        if _after_barrier((block, index)):
             continue
         barrier = ast.Expr(ast.Call(ast.Attribute(ast.Name(RUNTIME_NAME, ast.Load()), "barrier", ast.Load()), [], []))
         block.insert(index, ast.fix_missing_locations(ast.copy_location(barrier, block[index])))
@@ -376,50 +385,14 @@ def _statements(node: ast.AST) -> dict[int, tuple[list, int]]:
     return where
 
 
-def _is_barrier(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and _is_runtime_call(stmt.value, ("barrier",))
-
-
-def _after_barrier(node: ast.AST, held: ast.AST) -> bool:
-    """Whether the statement before ``held`` is already a barrier (an earlier round's)."""
-    spot = _statements(node).get(id(held))
-    return spot is not None and spot[1] > 0 and _is_barrier(spot[0][spot[1] - 1])
-
-
-def _is_runtime_call(node: ast.AST, names: tuple[str, ...]) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in names
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == RUNTIME_NAME
-    )
-
-
-def _rewrite_once(
-    located: engine.Located,
-    pairs: list[tuple[BreakSite, engine.SiteRewrite]],
-    rules: dict[str, Rule],
-    enabled: tuple[str, ...],
-    outcomes: dict[tuple[str, int], SiteOutcome],
-    model: Any,
-    only: Any,
-) -> tuple[Any, list[tuple[BreakSite, engine.SiteRewrite]]]:
-    node = engine.rewrite(located, [r for _, r in pairs], model)
-    if only is None:  # then what the rules rewrite ahead in the function
-        more = _ahead_sites(located, pairs, rules, enabled, outcomes)
-        node = engine.rewrite(located, [r for _, r in more], model)
-        # One that declined stays as it was, unreported: no break was seen there.
-        pairs = pairs + [(s, r) for s, r in more if r.ok]
-        for site, rw in more:
-            rw.notes.append(site.verdict)
-    return node, pairs
+def _after_barrier(spot: tuple[list, int]) -> bool:
+    """Whether the statement before the one at ``spot`` is already a barrier (an earlier round's)."""
+    block, index = spot
+    return index > 0 and isinstance(block[index - 1], ast.Expr) and is_runtime_call(block[index - 1].value, "barrier")
 
 
 def _owners(located: engine.Located, model: Any) -> list[Any]:
     """The live modules whose class (or a base) runs the located function."""
-    import torch
-
     if not isinstance(model, torch.nn.Module):
         return []
     name = located.node.name

@@ -22,6 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 RUNTIME_NAME = "__graphmend_rt__"
+EFFECTS = ("print_", "log", "warn")  # the runtime functions that record a deferred effect
+
+
+def is_runtime_call(node: ast.AST, *names: str) -> bool:
+    """``__graphmend_rt__.<name>(...)`` for one of ``names``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in names
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == RUNTIME_NAME
+    )
 
 
 class Decline(Exception):

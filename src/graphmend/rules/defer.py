@@ -81,7 +81,7 @@ import ast
 import warnings
 
 from ..sites import LOG_METHODS
-from . import RUNTIME_NAME, Decline, Rule, RewriteContext, register
+from . import EFFECTS, Decline, Rule, RewriteContext, is_runtime_call, register
 
 _CONVERSIONS_METHODS = {"item", "tolist"}
 _CONVERSION_BUILTINS = {"int": int, "float": float, "bool": bool}
@@ -316,15 +316,7 @@ class Defer(Rule):
 
 
 def _is_deferred(stmt: ast.stmt) -> bool:
-    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-        return False
-    func = stmt.value.func
-    return (
-        isinstance(func, ast.Attribute)
-        and isinstance(func.value, ast.Name)
-        and func.value.id == RUNTIME_NAME
-        and func.attr in ("print_", "log", "warn")
-    )
+    return isinstance(stmt, ast.Expr) and is_runtime_call(stmt.value, *EFFECTS)
 
 
 def _effect_statements(fdef: ast.AST) -> list[ast.Expr]:
