@@ -107,6 +107,18 @@ def test_summary_counts_declines_by_reason():
     assert summary.declined == {"declined [where] `...` is assigned on one path only (line N)": 2}
 
 
+def test_summary_counts_held_assert_choices_apart_from_verification_reverts():
+    from fuzz.runner import Result
+
+    held = "graph breaks before `assert ...` would leave 1 more graph(s), and without them an assert that may be on tensor values stays in the graph, and ..."
+    summary = Summary()
+    summary.add(Result("a", "checked", kept=["a graph break goes before `assert (h > 0).all()` (line 3) ..."]))
+    summary.add(Result("b", "checked", outcomes=[("LC", "defer", "reverted", held)], kept=["the rewrites that record ([defer], [trap]) are reverted: " + held]))
+    summary.add(Result("c", "checked", outcomes=[("LC", "defer", "reverted", "verification found a difference: stdout")]))
+    assert (summary.held_breaks, summary.held_reverted, summary.reverted) == (1, 1, ["c"])
+    assert "with a graph break kept before an assert compiled into the graph (barriers.py): 1; with the rewrites that record reverted instead (fewer graphs): 1" in summary.render()
+
+
 def test_worker_summaries_merge_into_one():
     from fuzz.runner import Result
 

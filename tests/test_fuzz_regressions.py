@@ -604,3 +604,113 @@ def test_a_warning_before_torch_assert_keeps_its_line():
     assert result.status == "checked"
     assert any(o[1:3] == ("defer", "applied") for o in result.outcomes), result.outcomes
     assert result.mismatches == [], result.mismatches[:2]
+
+
+@pytest.mark.parametrize(
+    "name, kept",
+    [("TrapThenGuard", "barrier"), ("PrintThenGuard", "reverted"), ("PrintsThenGuard", "barrier")],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_records_before_an_assert_compiled_into_the_same_graph_in_another_function_are_not_lost(name, kept):
+    """Found by the fuzzer (seed 15): a check trapped in one submodule (its flag recorded in the graph),
+    then an assert on tensor values in another submodule, traced into the same graph. On an input
+    failing both, the assert raised inside the graph and the trapped ValueError (and any output
+    deferred before it) was lost. Now a graph break goes before such an assert anywhere in the
+    model's code when the mended code records anything, or, where the break costs more graphs than
+    the deferral saved (measured), the record-making rewrites are reverted. (The models live in a
+    fixture file: pytest rewrites the asserts of test modules.)"""
+    import held_asserts
+
+    cls = getattr(held_asserts, name)
+    bad = torch.full((3,), float("inf"))
+    expected = run(cls(), bad)
+    torch._dynamo.reset()
+    original = torch.compile(cls(), backend="eager")
+    original(torch.ones(3))
+    control = run(original, bad)  # what torch.compile of the original does
+    torch._dynamo.reset()
+    compiled = graphmend.compile(cls(), backend="eager", example_inputs=(torch.ones(3),))
+    report = compiled.report
+    got = run(compiled, bad)
+    assert got.stdout == expected.stdout
+    assert got.records == expected.records
+    if name == "TrapThenGuard":
+        assert got.exception == expected.exception == ("ValueError", "not finite: inf")
+    else:  # the assert fails in the graph, as under torch.compile of the original
+        assert got.exception == control.exception == ("RuntimeError", "value out of range")
+    recording = ("if", "print", "logging")  # the sites of Check, and the effects (not the guard's assert)
+    statuses = {o.line: o.status for o in report.outcomes if o.rule in ("defer", "trap") and o.code.startswith(recording)}
+    if kept == "barrier":
+        assert any(line.startswith("a graph break goes before `assert (h.abs() <= 1000.0).all()") for line in report.kept), report.kept
+        assert "applied" in statuses.values(), report.outcomes
+        assert report.after.graphs < report.before.graphs
+    else:
+        assert any("rewrites that record ([defer], [trap]) are reverted" in line for line in report.kept), report.kept
+        assert "reverted" in statuses.values() and "applied" not in statuses.values(), report.outcomes
+        assert report.after.graphs <= report.before.graphs
+    assert report.to_dict()["kept"] == report.kept
+    from rich.console import Console
+
+    from graphmend.render import render_mend
+
+    console = Console(record=True, width=100)
+    render_mend(report, console)
+    assert "note: " + report.kept[0] in console.export_text()
+
+
+def test_a_trapped_check_before_an_assert_in_another_block_keeps_its_exception():
+    """The fuzz program (seed 15): Block1's trapped FuzzError was lost to Block4's assert, which
+    failed in the same graph (RuntimeError 'value out of range' on a NaN input)."""
+    from fuzz.runner import check_program
+
+    result = check_program(_fixture_program("fuzz_trap_before_held_assert.py"), seed=0, start=0, aot=True)
+    assert result.status == "checked"
+    assert any(o[1:3] == ("trap", "applied") for o in result.outcomes), result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+def test_held_wraps_every_assert_form_once_and_settles_statements_seen_as_tensors():
+    import ast
+
+    from graphmend import barriers
+
+    fdef = ast.parse(
+        "def f(x):\n"
+        "    assert (x > 0).all(), 'a'\n"
+        "    y = [torch._assert_async((x > 0).all(), 'b')]\n"
+        "    while torch._assert_async(x.all(), 'c'):\n"
+        "        g = lambda: torch._assert_async(x.all(), 'd')\n"
+    ).body[0]
+    held = [n for n in ast.walk(fdef) if isinstance(n, ast.Assert) or (isinstance(n, ast.Call) and n.func.attr == "_assert_async")]
+    assert barriers.wrap(held) == "`assert (x > 0).all(), 'a'` (line 2), `torch._assert_async(x.all(), 'c')` (line 4) and 2 more"
+    barriers.wrap(held)  # once
+    assert ast.unparse(fdef).splitlines()[1:5] == [
+        "    assert __graphmend_rt__.held((x > 0).all()), 'a'",
+        "    y = [torch._assert_async(__graphmend_rt__.held((x > 0).all()), 'b')]",
+        "    while torch._assert_async(__graphmend_rt__.held(x.all()), 'c'):",
+        "        g = lambda: torch._assert_async(__graphmend_rt__.held(x.all()), 'd')",
+    ]
+    assert all(barriers.guarded(h) for h in held)
+    assert barriers.settle(fdef, {2, 3}) == [fdef.body[1]]  # statements only: line 3's assert is a call
+    assert ast.unparse(fdef).splitlines()[1:4] == [
+        "    __graphmend_rt__.barrier()",
+        "    assert (x > 0).all(), 'a'",
+        "    y = [torch._assert_async(__graphmend_rt__.held((x > 0).all()), 'b')]",
+    ]
+
+
+def test_held_breaks_the_graph_only_for_a_tensor_test():
+    from torch._dynamo.testing import CompileCounter
+
+    from held_asserts import tensor_then_int as f
+
+    for w, graphs in ((0, 1), (2, 2)):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(f, backend=counter)
+        assert torch.equal(compiled(torch.ones(3), w), torch.full((3,), 3.0))
+        assert counter.frame_count == graphs
+    with pytest.raises(RuntimeError, match="tensor"):  # still compiled into the graph
+        compiled(-torch.ones(3), 2)
+    with pytest.raises(AssertionError, match="int"):
+        compiled(torch.ones(3), 1)

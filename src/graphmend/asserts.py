@@ -4,12 +4,16 @@
 tensor it becomes ``torch._assert_async`` in the graph (as a direct
 ``torch._assert_async`` call does), and when it fails at run time the graph
 raises before it returns. (``torch._assert(cond, msg)`` on a tensor is a
-graph break: the graph before it completes, so nothing recorded is lost.) Output [Defer] recorded earlier in that graph is then lost (Dynamo
-applies side effects when a graph completes), so mend.py keeps the function's
-effects safe when ``held_asserts`` finds such an assert (a graph break
-before it, ``runtime.barrier``).
+graph break: the graph before it completes, so nothing recorded is lost.)
+Output [Defer] recorded and checks [Trap] flagged earlier in that graph are
+then lost (Dynamo applies side effects when a graph completes), so mend.py
+and barriers.py keep them safe where ``held_asserts`` finds such an assert (a
+graph break before it, ``runtime.barrier``).
 
-A test counts as decided in Python only when that is shown: constants,
+Only an assert Dynamo can compile counts: a constant message or none, and a
+test not under an odd number of ``not`` (``_compiled_form``); any other
+assert on a tensor is a graph break. A test counts as decided in Python
+only when that is shown: constants,
 ``is`` / ``is not``, shapes, dtypes and sizes (``x.shape``, ``x.size()``,
 ``x.dim()``...), ``len`` / ``isinstance``-like builtins, arithmetic and
 comparisons of those, locals every assignment of which is such a value,
@@ -57,12 +61,31 @@ def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any]
             continue
         test = None
         if isinstance(sub, ast.Assert):
-            test = sub.test
+            test = sub.test if _compiled_form(sub) else None
         elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "_assert_async" and sub.args:
             test = sub.args[0]
         if test is not None and not facts.static(test):
             held.append(sub)
     return sorted(held, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _compiled_form(node: ast.Assert) -> bool:
+    """Whether Dynamo can turn this ``assert`` into ``torch._assert_async``: it
+    does only for the bytecode ``POP_JUMP_IF_TRUE; LOAD_ASSERTION_ERROR;
+    [LOAD_CONST msg]; ...`` (torch 2.13, ``_detect_and_normalize_assert_statement``).
+    A message that is not a constant, or a test under an odd number of
+    ``not`` (``POP_JUMP_IF_FALSE``), makes a tensor test a graph break
+    instead: the graph before it completes, and nothing recorded is lost."""
+    nots, test = 0, node.test
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        nots, test = nots + 1, test.operand
+    if nots % 2:
+        return False
+    return node.msg is None or all(isinstance(n, _CONSTANT_PARTS) for n in ast.walk(node.msg))
+
+
+# What a message the compiler folds to one constant is made of.
+_CONSTANT_PARTS = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.JoinedStr, ast.operator, ast.unaryop, ast.expr_context)
 
 
 class _Facts:

@@ -15,6 +15,10 @@ The pipeline, top to bottom (``mend_target``)::
         rewrites reverted if the result is still worse than the original
     with a flag kept, more rounds traced with it (not [trap]): a frame
         Dynamo skipped before can compile now and show breaks it hid
+    with anything recorded ([defer], [trap]): a graph break before each
+        assert of the model's code that Dynamo compiles into the graph, or
+        the record-making rewrites reverted where that leaves fewer graphs
+        (barriers.py; ``report.kept`` says which)
     verify: observe mended (eager, inside a region) and compare
         on a difference: revert, then keep only the functions that verify alone
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import dataclasses
 import inspect
 import os
 import sys
@@ -40,7 +45,7 @@ from typing import Any, Iterable
 
 import torch
 
-from . import engine, runtime
+from . import barriers, engine, runtime, source
 from .asserts import held_asserts
 from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
@@ -101,6 +106,7 @@ class MendReport:
     seconds: float = 0.0
     rules: tuple[str, ...] = DEFAULT_RULES
     capture: Capture = field(default_factory=Capture)
+    kept: list[str] = field(default_factory=list)  # graph breaks kept before asserts, or why not (barriers.py)
 
     @contextlib.contextmanager
     def region(self) -> Any:
@@ -147,6 +153,7 @@ class MendReport:
             "seconds": round(self.seconds, 3),
             "sites": [o.to_dict() for o in self.outcomes],
             "capture": self.capture.to_dict(),
+            "kept": list(self.kept),
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
         }
@@ -322,18 +329,16 @@ def _rewrite_function(
     pristine = copy.deepcopy(located.node)
     node, done = rewrite(pairs, enabled)
     deferred = [r for _, r in done if r.ok and r.rule.name == "defer"]
-    held = held_asserts(node, _owners(located, model), located.namespace) if deferred else []
+    held = held_asserts(node, barriers.owners(located, model), located.namespace) if deferred else []
     if not held:
         return node, done
     effects = [c.func.attr for c in ast.walk(node) if is_runtime_call(c, *EFFECTS)]
     # A break per assert, or one per effect left in place: the fewer. On a tie a warning tips it to
     # the breaks: one left in a frame Dynamo compiled can report another line (README, torch issue).
-    where = _statements(node)
-    spots = [where.get(id(h)) for h in held]
-    needed = sum(1 for spot in spots if spot is None or not _after_barrier(spot))
+    needed = sum(1 for h in held if not barriers.guarded(h))
     barrier = needed < len(effects) or (needed == len(effects) and "warn" in effects)
-    if barrier and None not in spots:
-        placed = _place_barriers(held, spots)  # type: ignore[arg-type]
+    if barrier:
+        placed = barriers.wrap(held)
         for rw in deferred:
             rw.notes.append(
                 f"a graph break is kept before {placed}: an assert that may be on tensor values fails inside "
@@ -344,8 +349,7 @@ def _rewrite_function(
     reason = (
         f"`{ast.unparse(first).splitlines()[0]}` (line {first.lineno}) stays an assert that may be on tensor values, "
         "which Dynamo compiles into the graph: when it fails, the graph raises before the output recorded in it "
-        "is performed; "
-        + ("a graph break before it would save no graph" if not barrier else "no graph break can go before it alone")
+        "is performed; a graph break before it would save no graph"
     )
     located.node = pristine
     kept = []
@@ -357,48 +361,6 @@ def _rewrite_function(
             kept.append((site, rw))
     node, done = rewrite(kept, tuple(name for name in enabled if name != "defer"))
     return node, done + [(s, r) for s, r in pairs if r.rule.name == "defer"]
-
-
-def _place_barriers(held: list[ast.AST], spots: list[tuple[list, int]]) -> str:
-    """Put ``__graphmend_rt__.barrier()`` before the statement of each held
-    assert (at ``spots``: its block and index), once; what was placed, for the
-    report."""
-    for block, index in sorted(spots, key=lambda s: s[1], reverse=True):
-        if _after_barrier((block, index)):
-            continue
-        barrier = ast.Expr(ast.Call(ast.Attribute(ast.Name(RUNTIME_NAME, ast.Load()), "barrier", ast.Load()), [], []))
-        block.insert(index, ast.fix_missing_locations(ast.copy_location(barrier, block[index])))
-    shown = ", ".join(f"`{ast.unparse(h).splitlines()[0]}` (line {h.lineno})" for h in held[:2])
-    return shown + (f" and {len(held) - 2} more" if len(held) > 2 else "")
-
-
-def _statements(node: ast.AST) -> dict[int, tuple[list, int]]:
-    """id of each statement in ``node`` (of the call, for an expression
-    statement) -> (the block that holds it, its index there)."""
-    where: dict[int, tuple[list, int]] = {}
-    for parent in ast.walk(node):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if isinstance(block, list):
-                for index, stmt in enumerate(block):
-                    where[id(stmt.value if isinstance(stmt, ast.Expr) else stmt)] = (block, index)
-    return where
-
-
-def _after_barrier(spot: tuple[list, int]) -> bool:
-    """Whether the statement before the one at ``spot`` is already a barrier (an earlier round's)."""
-    block, index = spot
-    return index > 0 and isinstance(block[index - 1], ast.Expr) and is_runtime_call(block[index - 1].value, "barrier")
-
-
-def _owners(located: engine.Located, model: Any) -> list[Any]:
-    """The live modules whose class (or a base) runs the located function."""
-    if not isinstance(model, torch.nn.Module):
-        return []
-    name = located.node.name
-    return [
-        m for m in model.modules() if any(base.__dict__.get(name) in located.functions for base in type(m).__mro__)
-    ]
 
 
 def _ahead_sites(
@@ -438,23 +400,11 @@ def _model_statements(model: Any, rules: dict[str, Rule], enabled: tuple[str, ..
     """(file, line) of each statement ``graphmend check`` finds for a rule that
     rewrites ahead, in the source files of the model's own module classes
     (torch's and graphmend's excluded): ``forward`` and the helpers it calls."""
-    if not isinstance(model, torch.nn.Module):
-        return []
     ahead = {name for name, rule in rules.items() if name in enabled and type(rule).ahead is not Rule.ahead}
     if not ahead:
         return []
-    files: dict[str, tuple[dict, set[str]]] = {}  # path -> the module's globals, the model's classes there
-    for module in model.modules():
-        cls = type(module)
-        try:
-            path = inspect.getsourcefile(cls)
-        except (TypeError, OSError):
-            continue
-        owner = sys.modules.get(cls.__module__)
-        if path and owner is not None and _is_model_code(path):
-            files.setdefault(path, (vars(owner), set()))[1].add(cls.__qualname__)
     found: list[tuple[str, int]] = []
-    for path, (namespace, classes) in sorted(files.items()):
+    for path, (namespace, classes) in sorted(_model_files(model).items()):
         try:
             with open(path, "rb") as fh:
                 findings = find_in_source(path, fh.read(), opt_in=False, namespace=namespace, classes=classes)
@@ -462,6 +412,25 @@ def _model_statements(model: Any, rules: dict[str, Rule], enabled: tuple[str, ..
             continue
         found += [(path, f.line) for f in findings if f.rule in ahead]
     return found
+
+
+def _model_files(model: Any, bases: bool = False) -> dict[str, tuple[dict, set[str]]]:
+    """The source files of the model's own module classes (torch's and
+    graphmend's excluded): path -> the module's globals, the qualnames of the
+    model's classes there (with ``bases``, also of their base classes)."""
+    files: dict[str, tuple[dict, set[str]]] = {}
+    if not isinstance(model, torch.nn.Module):
+        return files
+    for module in model.modules():
+        for cls in type(module).__mro__ if bases else (type(module),):
+            try:
+                path = inspect.getsourcefile(cls)
+            except (TypeError, OSError):
+                continue
+            owner = sys.modules.get(cls.__module__)
+            if path and owner is not None and _is_model_code(path):
+                files.setdefault(path, (vars(owner), set()))[1].add(cls.__qualname__)
+    return files
 
 
 def _is_model_code(path: str) -> bool:
@@ -518,7 +487,11 @@ def _mend_target(
     # Then, once, capture for what is left (capture.py), measured on the mended code.
     capture_on = CAPTURE_RULE in rules
     plain, (current, capture) = current, _with_capture(target, grad, current, capture_on, outcomes)
-    if _worse(current, before) and _revert_rule(mending, groups, outcomes, CAPTURE_RULE, current, before):
+    worse = (
+        f"with this rewrite and no capture setting that helps, the program got worse (graphs {before.graphs} -> "
+        f"{current.graphs}, recompiles {before.recompiles} -> {current.recompiles})"
+    )
+    if _worse(current, before) and _revert_rules(mending, groups, outcomes, {CAPTURE_RULE}, worse):
         plain = _retrace(target, grad)
         current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
     if capture.flags:
@@ -531,6 +504,11 @@ def _mend_target(
         rounds += more
     if SPECULATE_RULE in rules:
         current = _speculation_round(target, current, outcomes, mending, groups, observed, grad, capture.flags)
+    current, kept = _guard_held_asserts(target, grad, current, capture.flags, mending, groups, outcomes)
+    if kept and capture.flags:
+        plain = _retrace(target, grad)
+    elif kept:
+        plain = current
     differences: list[str] = []
     verified: bool | None = None
     if verify and mending.patches:
@@ -560,8 +538,112 @@ def _mend_target(
         seconds=time.perf_counter() - start,
         rules=tuple(rules),
         capture=capture,
+        kept=kept,
     )
     return report, mending
+
+
+def _guard_held_asserts(
+    target: Target,
+    grad: bool,
+    current: ExplainReport,
+    flags: tuple[str, ...],
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+) -> tuple[ExplainReport, list[str]]:
+    """Keep what the mended code records safe from an assert that fails inside
+    the graph (barriers.py): a graph break before each such assert of the
+    model's code, or, when the breaks leave more graphs than without them
+    (measured) or one cannot be placed, the record-making rewrites ([Defer],
+    [Trap]) reverted. Returns the report as installed and a line per choice."""
+    checkpoint = _Checkpoint(mending, groups, outcomes)
+    changed, failed = barriers.guard_model(target.model, mending, groups, _model_files(target.model, bases=True))
+    if not changed and not failed:
+        return current, []
+    why = (
+        "an assert that may be on tensor values stays in the graph, and when it fails there it loses the "
+        "output and checks recorded before it in that graph"
+    )
+    with_breaks = None
+    if not failed:
+        try:
+            _settle_held(target, grad, mending)
+            with_breaks = _retrace(target, grad, flags)
+        except Exception:  # the guarded code does not compile: the other way
+            with_breaks = None
+        if with_breaks is not None and with_breaks.graphs <= current.graphs:
+            return with_breaks, [_kept(c, why) for c in changed]
+    breaks = _Checkpoint(mending, groups, outcomes)
+    checkpoint.restore()
+    recording = {k for p in mending.patches if p.node is not None for k in barriers.records(p.node)}
+    if with_breaks is None:
+        reason = f"no graph break could be put before {(failed or changed)[0]}, and {why}"
+    else:
+        reason = (
+            f"graph breaks before {'; '.join(changed)} would leave {with_breaks.graphs - current.graphs} "
+            f"more graph(s), and without them {why}"
+        )
+    _revert_rules(mending, groups, outcomes, {"defer", "trap"}, reason)
+    without = _retrace(target, grad, flags)
+    # On a tie a warning tips it to the breaks: one left in a frame Dynamo compiled can
+    # report another line (README, torch issue).
+    if with_breaks is not None and (
+        with_breaks.graphs < without.graphs or (with_breaks.graphs == without.graphs and "warn" in recording)
+    ):
+        breaks.restore()
+        return with_breaks, [_kept(c, why) for c in changed]
+    return without, [f"the rewrites that record ([defer], [trap]) are reverted: {reason}"]
+
+
+def _settle_held(target: Target, grad: bool, mending: Mending) -> None:
+    """Run the guarded model once eagerly (output captured, in a region) to
+    see which held tests are tensors, and give those a graph break before the
+    test (barriers.settle): cheaper than ``held``'s at the start of a frame."""
+    runtime.HELD_PROBE = probed = set()
+    try:
+        observe(target.model, target.args, target.kwargs, in_region=True, grad=grad)
+    finally:
+        runtime.HELD_PROBE = None
+    if probed and barriers.settle_model(mending, probed):
+        torch._dynamo.reset()
+
+
+def _kept(change: str, why: str) -> str:
+    return f"a graph break goes before {change} whenever its test is a tensor (runtime.held): {why}"
+
+
+class _Checkpoint:
+    """The installed patches, their groups and the outcomes, to go back to
+    exactly (the codes of every patched function, the runtime in their
+    globals, the mended sources)."""
+
+    def __init__(self, mending: Mending, groups: dict[int, list[tuple[str, int]]], outcomes: dict[tuple[str, int], SiteOutcome]):
+        self.mending, self.groups, self.outcomes = mending, groups, outcomes
+        self.patches = list(mending.patches)
+        self.saved_groups = {k: list(v) for k, v in groups.items()}
+        self.saved_outcomes = {k: _copy_outcome(o) for k, o in outcomes.items()}
+        self.codes = [(fn, fn.__code__) for p in mending.patches for fn in p.located.functions]
+
+    def restore(self) -> None:
+        for patch in self.mending.patches:
+            if not any(patch is p for p in self.patches):
+                patch.uninstall()
+        for fn, code in self.codes:
+            fn.__code__ = code
+        for patch in self.patches:
+            patch.located.namespace.setdefault(RUNTIME_NAME, runtime)
+            source.MENDED[id(patch.new_code)] = patch.node
+        self.mending.patches[:] = self.patches
+        self.groups.clear()
+        self.groups.update({k: list(v) for k, v in self.saved_groups.items()})
+        self.outcomes.clear()
+        self.outcomes.update({k: _copy_outcome(o) for k, o in self.saved_outcomes.items()})
+        torch._dynamo.reset()
+
+
+def _copy_outcome(outcome: SiteOutcome) -> SiteOutcome:
+    return dataclasses.replace(outcome, notes=list(outcome.notes))
 
 
 def _rounds(
@@ -806,26 +888,21 @@ def _worse(after: ExplainReport, before: ExplainReport) -> bool:
     return after.graphs > before.graphs or after.recompiles > before.recompiles
 
 
-def _revert_rule(
+def _revert_rules(
     mending: Mending,
     groups: dict[int, list[tuple[str, int]]],
     outcomes: dict[tuple[str, int], SiteOutcome],
-    rule: str,
-    after: ExplainReport,
-    before: ExplainReport,
+    rules: set[str],
+    reason: str,
 ) -> bool:
-    """Undo every patch holding a site ``rule`` applied (the rewrite made the
-    measured program worse, e.g. a loop rewrite whose capture was refused)."""
+    """Undo every patch holding a site one of ``rules`` applied; each applied
+    site of those patches becomes ``reverted`` with ``reason``."""
     doomed = {
         index for index, keys in groups.items()
-        if any(outcomes[k].status == "applied" and outcomes[k].rule == rule for k in keys if k in outcomes)
+        if any(outcomes[k].status == "applied" and outcomes[k].rule in rules for k in keys if k in outcomes)
     }
     if not doomed:
         return False
-    reason = (
-        f"with this rewrite and no capture setting that helps, the program got worse (graphs {before.graphs} -> "
-        f"{after.graphs}, recompiles {before.recompiles} -> {after.recompiles})"
-    )
     kept: list[engine.Patch] = []
     new_groups: dict[int, list[tuple[str, int]]] = {}
     for index, patch in enumerate(mending.patches):

@@ -135,6 +135,8 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
                 "; ".join([o.reason] + [n for n in o.notes if n.startswith("still breaks")]),
             )
         console.print(table)
+    for line in report.kept:
+        console.print(Text("note: " + line, style="yellow"), soft_wrap=True)
     for diff in report.differences:
         console.print(Text("verification: " + diff, style="red"), soft_wrap=True)
     for warning in report.after.warnings:

@@ -479,11 +479,30 @@ def _shared(module: Any, name: str, tensor: Any) -> bool:
 
 @torch.compiler.disable
 def barrier() -> None:
-    """A graph break, placed before an assert that may be on tensor values in a
-    function with deferred effects (mend.py). Dynamo compiles such an assert
-    into the graph, and a graph that raises loses the records made in it: the
-    break ends the graph before the assert, so the records made so far reach
-    the region, which performs them even when the assert then fails."""
+    """A graph break, placed before an assert that may be on tensor values when
+    the mended code records (mend.py, barriers.py). Dynamo compiles such an
+    assert into the graph, and a graph that raises loses the records made in
+    it: the break ends the graph before the assert, so the records made so far
+    reach the region, which performs them (and raises a set trap) even when
+    the assert then fails."""
+
+
+# While mending runs the model eagerly (barriers.py), the (file, line) of each
+# held test that was a tensor; None otherwise (Dynamo guards on it being None).
+HELD_PROBE: set | None = None
+
+
+def held(value: Any) -> Any:
+    """The test of an assert Dynamo may compile into the graph (barriers.py):
+    a graph break first when it is a tensor (decided while tracing), so what
+    was recorded before it is performed even when the assert fails; the value
+    unchanged."""
+    if isinstance(value, torch.Tensor):
+        if HELD_PROBE is not None:
+            caller = sys._getframe(1)
+            HELD_PROBE.add((caller.f_code.co_filename, caller.f_lineno))
+        barrier()
+    return value
 
 
 # --------------------------------------------------------------------------

@@ -219,6 +219,7 @@ class Result:
     outcomes: list[tuple[str, str, str, str]] = field(default_factory=list)  # category, rule, status, reason
     detail: str = ""
     graphs: tuple[int, int] = (0, 0)  # graphs on the example input, before and after mending (the report's)
+    kept: list[str] = field(default_factory=list)  # the report's graph breaks kept before held asserts (barriers.py)
     fallbacks: int = 0  # graphs the backend failed on, run as captured (graphmend.with_fallback)
 
 
@@ -299,6 +300,7 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         return result
     result.outcomes = [(o.category, o.rule or "-", o.status, o.reason) for o in compiled.report.outcomes]
     result.graphs = (compiled.report.before.graphs, compiled.report.after.graphs)
+    result.kept = list(compiled.report.kept)
 
     arms: dict[str, tuple[list[Observation], list[Observation]]] = {}
     fallbacks_before = FALLBACKS["warnings"]
@@ -457,6 +459,9 @@ def reason_class(reason: str) -> str:
     return reason.split(": verification found")[0][:110]
 
 
+_HELD_REASON = "an assert that may be on tensor values stays in the graph"  # mend._guard_held_asserts
+
+
 @dataclass
 class Summary:
     programs: int = 0
@@ -469,6 +474,8 @@ class Summary:
     backend_examples: list[str] = field(default_factory=list)
     known: list[tuple[str, list[str]]] = field(default_factory=list)
     reverted: list[str] = field(default_factory=list)
+    held_breaks: int = 0  # programs with a graph break kept before an assert compiled into the graph
+    held_reverted: int = 0  # programs whose record-making rewrites were reverted instead
     documented: int = 0
     fallbacks: int = 0
     status: Counter = field(default_factory=Counter)
@@ -503,7 +510,10 @@ class Summary:
         self.fallbacks += bool(result.fallbacks)
         if result.known:
             self.known.append((result.digest, result.known))
-        if any(status == "reverted" for _, _, status, _ in result.outcomes):
+        self.held_breaks += any(k.startswith("a graph break goes before") for k in result.kept)
+        held_reverted = any(k.startswith("the rewrites that record") for k in result.kept)
+        self.held_reverted += held_reverted
+        if any(status == "reverted" and not (held_reverted and _HELD_REASON in reason) for _, _, status, reason in result.outcomes):
             self.reverted.append(result.digest)
 
     def merge(self, other: "Summary") -> None:
@@ -538,6 +548,8 @@ class Summary:
             f"backend differences (the unmended original differs the same way): {self.backend_differences}",
             *[f"  {e}" for e in self.backend_examples[:5]],
             f"programs where verification reverted a rewrite (caught before use): {len(self.reverted)}",
+            f"programs with a graph break kept before an assert compiled into the graph (barriers.py): {self.held_breaks};"
+            f" with the rewrites that record reverted instead (fewer graphs): {self.held_reverted}",
             f"trapped check lost to a later error under graphmend.compile (fixed in 315036a; regression test): {len(self.known)} programs",
             f"documented limitation (a tensor printed under autograd loses its grad_fn text): {self.documented} programs",
             f"programs where the backend failed on a graph, which ran as captured (graphmend.with_fallback): {self.fallbacks}",

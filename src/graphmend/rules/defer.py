@@ -56,10 +56,14 @@ eager Python does.
   A graph break goes before each such assert instead (``runtime.barrier``)
   when that leaves fewer breaks than keeping the effects in place (a tie goes
   to the break when a warning is among the effects); the function's effects
-  stay in place only otherwise, or when the assert is not a statement of its
-  own. Decided after the function's other rewrites: an assert [Trap] rewrote,
-  or one on shapes, sizes, types, ``is None`` or plain attributes, does not
-  count (``graphmend/asserts.py``).
+  stay in place only otherwise, or when no statement can go before the
+  assert alone. Decided after the function's other rewrites: an assert [Trap]
+  rewrote, or one on shapes, sizes, types, ``is None`` or plain attributes,
+  does not count (``graphmend/asserts.py``). Such an assert in *another*
+  function of the graph (a submodule's, a helper's) is handled once the
+  whole model is mended (``graphmend/barriers.py``): a graph break before
+  it, or, where that costs more graphs than deferring saved, the deferral
+  reverted.
 
 ## Fix safety
 Arguments are evaluated where they were; only the I/O moves. Tensors are
