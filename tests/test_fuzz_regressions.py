@@ -608,7 +608,12 @@ def test_a_warning_before_torch_assert_keeps_its_line():
 
 @pytest.mark.parametrize(
     "name, kept",
-    [("TrapThenGuard", "barrier"), ("PrintThenGuard", "reverted"), ("PrintsThenGuard", "barrier")],
+    [
+        ("TrapThenGuard", "barrier"),
+        ("PrintThenGuard", "reverted"),
+        ("PrintsThenGuard", "barrier"),
+        ("PrintsThenHelper", "barrier"),
+    ],
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_records_before_an_assert_compiled_into_the_same_graph_in_another_function_are_not_lost(name, kept):

@@ -9,7 +9,9 @@ What it does
     (``runtime.barrier``, a ``torch.compiler.disable``-d no-op); a Python
     value makes none. Covered: the functions graphmend rewrote, and the
     ``forward`` of the model's module classes with the methods and
-    module-level functions of their files that it calls (``model_lines``).
+    module-level functions of their files that it calls, and the functions
+    of the model's other files it calls through a global name
+    (``model_lines``).
 
 Why the mended code would lose behaviour without it
     Dynamo compiles ``assert <tensor>, "literal"`` into the graph
@@ -46,23 +48,26 @@ When it does not
     instead (then nothing is recorded). Asserts Dynamo cannot compile (a
     message that is not a constant, a test under ``not``) and asserts on
     shapes, sizes, dtypes and other values settled while tracing are left
-    alone (asserts.py); so is an assert in a file no module class of the
-    model lives in (a library helper), unless graphmend rewrote that
-    function.
+    alone (asserts.py); so is an assert the model reaches another way (a
+    callback, a method of an object from another file), unless graphmend
+    rewrote that function.
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterable
+import inspect
+import types
+from typing import Any
 
 import torch
 
 from . import engine
 from .asserts import held_asserts
+from .discovery import is_model_code
 from .rules import EFFECTS, RUNTIME_NAME, is_runtime_call
 from .sites import display_path
-from .source import parse_file
+from .source import dotted_name, first_line, parse_file
 
 RECORDS = (*EFFECTS, "trap")  # the runtime calls that record into the region
 
@@ -165,15 +170,65 @@ def describe(held: list[ast.AST]) -> str:
 def model_lines(model: Any, files: dict[str, tuple[dict, set[str]]]) -> list[tuple[str, int]]:
     """(file, def line) of each function of the model's code whose source has
     an assert that may be on tensor values, among what the ``forward`` of the
-    classes in ``files`` (path -> module globals, class qualnames) may run in
-    those files (``_functions``)."""
-    found: list[tuple[str, int]] = []
+    classes in ``files`` (path -> module globals, class qualnames) may run:
+    in those files (``_functions``), and the functions of other files of the
+    model's code (not torch's, the standard library's or graphmend's) that
+    they call through a global name (``helper(...)``, ``utils.check(...)``)."""
+    queue: list[tuple[str, dict, ast.FunctionDef | ast.AsyncFunctionDef]] = []
     for path, (namespace, names) in sorted(files.items()):
         parsed = parse_file(path)
-        if parsed is None:
+        if parsed is not None:
+            queue += [(path, namespace, fdef) for fdef in _functions(parsed.tree, names)]
+    found: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+    while queue:
+        path, namespace, fdef = queue.pop(0)
+        if (path, fdef.lineno) in seen:
             continue
-        found += [(path, fdef.lineno) for fdef in _functions(parsed.tree, names) if _may_hold(fdef, namespace)]
+        seen.add((path, fdef.lineno))
+        if _may_hold(fdef, namespace):
+            found.append((path, fdef.lineno))
+        for fn in _global_callees(fdef, namespace):
+            definition = _definition(fn)
+            if definition is not None:
+                queue.append((fn.__code__.co_filename, fn.__globals__, definition))
     return found
+
+
+def _global_callees(fdef: ast.AST, namespace: dict) -> list[types.FunctionType]:
+    """The plain functions of the model's code that ``fdef`` calls through a
+    global name or a dotted path from one (modules and classes on the way)."""
+    out: list[types.FunctionType] = []
+    for node in ast.walk(fdef):
+        name = dotted_name(node.func) if isinstance(node, ast.Call) else None
+        if not name or name.split(".")[0] not in namespace:
+            continue
+        root, *chain = name.split(".")
+        value = namespace[root]
+        for attr in chain:
+            if not isinstance(value, (types.ModuleType, type)):
+                value = None
+                break
+            value = inspect.getattr_static(value, attr, None)
+        if isinstance(value, staticmethod):
+            value = value.__func__
+        if isinstance(value, types.FunctionType) and is_model_code(value.__code__.co_filename):
+            out.append(value)
+    return out
+
+
+def _definition(fn: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    parsed = parse_file(fn.__code__.co_filename)
+    if parsed is None:
+        return None
+    for node in ast.walk(parsed.tree):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == fn.__code__.co_name
+            and first_line(node) == fn.__code__.co_firstlineno
+        ):
+            return node
+    return None
 
 
 def _may_hold(fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict) -> bool:

@@ -131,6 +131,14 @@ def is_library_internal(path: str) -> bool:
     return any(real.startswith(d) for d in _STDLIB_DIRS)
 
 
+_GRAPHMEND_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+
+def is_model_code(path: str) -> bool:
+    """Not torch's, the standard library's (``is_library_internal``) nor graphmend's own."""
+    return not is_library_internal(path) and not os.path.realpath(path).startswith(_GRAPHMEND_DIR)
+
+
 def _function_name(raw: str) -> str:
     match = _RESUME.match(raw)
     return match.group("name") if match else raw

@@ -36,7 +36,6 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-import os
 import sys
 import time
 import weakref
@@ -50,7 +49,7 @@ from .asserts import held_asserts
 from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
-from .discovery import is_library_internal, trace_breaks
+from .discovery import is_model_code, trace_breaks
 from .errors import describe
 from .check.find import find_in_source
 from .rules import EFFECTS, RUNTIME_NAME, Decline, Rule, is_runtime_call, load_rules
@@ -428,17 +427,9 @@ def _model_files(model: Any, bases: bool = False) -> dict[str, tuple[dict, set[s
             except (TypeError, OSError):
                 continue
             owner = sys.modules.get(cls.__module__)
-            if path and owner is not None and _is_model_code(path):
+            if path and owner is not None and is_model_code(path):
                 files.setdefault(path, (vars(owner), set()))[1].add(cls.__qualname__)
     return files
-
-
-def _is_model_code(path: str) -> bool:
-    """Not torch's, the standard library's (``discovery.is_library_internal``) nor graphmend's own."""
-    return not is_library_internal(path) and not os.path.realpath(path).startswith(_GRAPHMEND_DIR)
-
-
-_GRAPHMEND_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def _verify(target: Target, baseline: Observation, grad: bool, memo_attrs: set[str] = frozenset()) -> list[str]:

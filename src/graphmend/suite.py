@@ -133,6 +133,7 @@ def row_result(name: str, quick: bool) -> dict[str, Any]:
         rules=sorted({o.rule for o in report.applied if o.rule}),
         verified=report.verified,
         remaining=sorted({s.category for s in after.sites}),
+        kept=list(report.kept),
     )
     if not quick:
         # Only the example batch (Table 2's readings need no throughput sweep, which
