@@ -359,6 +359,15 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
             unsigned = _differences(arm, [_zero_grads_unsigned(o) for o in expected], [_zero_grads_unsigned(o) for o in got])
             result.backend_differences += [d for d in diff if d not in unsigned]
             diff = unsigned
+            if "eager+grad" not in suspects:
+                # One compiled graph that uses a parameter several times sums its gradient in
+                # AOTAutograd's joint graph, in another order than eager autograd: the bits can
+                # differ where the original, cut into more graphs, matched (torch 2.13, no
+                # graphmend needed: test_fuzz_regressions.py). With the eager+grad arm exact to
+                # the bit, a gradient within float rounding of eager's is the backend's.
+                rounded = _differences(arm, expected, [_grads_rounded_to(e, o) for e, o in zip(expected, got)])
+                result.backend_differences += [d for d in diff if d not in rounded]
+                diff = rounded
         seen = set(_differences(arm, expected, control))
         result.backend_differences += [d for d in diff if d in seen]
         result.mismatches += [d for d in diff if d not in seen]
@@ -398,6 +407,27 @@ def _zero_grads_unsigned(obs: Observation) -> Observation:
 
     grads = {k: unsigned(v) for k, v in obs.output[1].items()}
     return dataclasses.replace(obs, output=(obs.output[0], grads))
+
+
+def _grads_rounded_to(expected: Observation, got: Observation) -> Observation:
+    """``got`` with each gradient that is within float rounding of ``expected``'s
+    (``torch.testing.assert_close`` defaults for the dtype) replaced by it."""
+    if not all(isinstance(o.output, tuple) and len(o.output) == 2 and isinstance(o.output[1], dict) for o in (expected, got)):
+        return got
+
+    def close(a: Any, b: Any) -> bool:
+        a, b = (v[1] if isinstance(v, tuple) and v[:1] == ("0-dim",) else v for v in (a, b))
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        try:
+            torch.testing.assert_close(b, a, equal_nan=True)
+        except AssertionError:
+            return False
+        return True
+
+    want = expected.output[1]
+    grads = {k: (want[k] if k in want and close(want[k], v) else v) for k, v in got.output[1].items()}
+    return dataclasses.replace(got, output=(got.output[0], grads))
 
 
 def _inplace_error_unnamed(obs: Observation) -> Observation:
