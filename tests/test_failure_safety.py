@@ -89,6 +89,22 @@ def test_a_fault_in_any_stage_keeps_the_model_working(stage, reference, monkeypa
         assert any("injected fault" in o.reason or "internal" in o.reason for o in report.declined)
 
 
+def test_a_fault_in_the_assert_guard_reverts_only_the_rewrites_that_record(reference, monkeypatch):
+    """barriers.guard_model keeps records safe from asserts that fail inside the graph: when it
+    fails, the records cannot be shown safe, so [Defer] and [Trap] are reverted, the rest kept."""
+    from graphmend import barriers
+
+    expected, _ = reference
+    monkeypatch.setattr(barriers, "guard_model", _fault)
+    got, report, warned = _mended_run()
+    _same_behaviour(got, expected)
+    assert report is not None and len(warned) == 1 and "an internal error declined" in warned[0]
+    recording = [o for o in report.outcomes if o.rule in ("defer", "trap")]
+    assert recording and all(o.status == "reverted" and "internal error: RuntimeError: injected fault" in o.reason for o in recording)
+    assert any(o.status == "applied" and o.rule == "where" for o in report.outcomes)
+    assert any("are reverted: no graph break could be put before the asserts (internal error" in k for k in report.kept)
+
+
 @pytest.mark.parametrize("rule_name", ["where", "defer", "trap"])
 def test_a_rule_fault_declines_only_that_rules_sites(rule_name, reference, monkeypatch):
     expected, _ = reference

@@ -549,13 +549,17 @@ def _guard_held_asserts(
     (measured) or one cannot be placed, the record-making rewrites ([Defer],
     [Trap]) reverted. Returns the report as installed and a line per choice."""
     checkpoint = _Checkpoint(mending, groups, outcomes)
-    changed, failed = barriers.guard_model(target.model, mending, groups, _model_files(target.model, bases=True))
-    if not changed and not failed:
-        return current, []
     why = (
         "an assert that may be on tensor values stays in the graph, and when it fails there it loses the "
         "output and checks recorded before it in that graph"
     )
+    try:
+        changed, failed = barriers.guard_model(target.model, mending, groups, _model_files(target.model, bases=True))
+    except Exception as exc:  # never fail the user's model for an internal error: the safe way
+        checkpoint.restore()
+        changed, failed = [], [f"the asserts (internal error: {type(exc).__name__}: {exc})"]
+    if not changed and not failed:
+        return current, []
     with_breaks = None
     if not failed:
         try:
