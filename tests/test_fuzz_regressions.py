@@ -3,6 +3,7 @@ program that shows it. Each test asserts the behaviour the original has."""
 
 import copy
 import logging
+import re
 import warnings
 
 import pytest
@@ -723,7 +724,9 @@ def test_held_breaks_the_graph_only_for_a_tensor_test():
 
 def test_aot_autograd_sums_a_gradient_of_a_parameter_used_twice_in_one_graph_in_another_order():
     """torch 2.13, no graphmend: under aot_eager the weight gradient of a Linear applied twice in
-    one graph differs from eager autograd's in its last bits (within float rounding)."""
+    one graph is AOTAutograd's sum, which may differ from eager autograd's in its last bits (by how
+    much depends on the machine's kernels: 1-5e-7 on the machines seen); torch promises only that
+    it is within float rounding, and that is what the runner's allowance below relies on."""
     from fuzz.runner import inputs_for
     from held_asserts import LinearTwice
 
@@ -736,18 +739,35 @@ def test_aot_autograd_sums_a_gradient_of_a_parameter_used_twice_in_one_graph_in_
         fn = torch.compile(model, backend="aot_eager") if compiled else model
         fn(x.clone().requires_grad_(True)).sum().backward()
         grads.append(model.lin.weight.grad)
-    assert not torch.equal(grads[0], grads[1])
     torch.testing.assert_close(grads[1], grads[0])
 
 
 def test_a_gradient_within_rounding_under_aot_eager_is_the_backends_when_eager_grad_is_exact():
     """The fuzz program (seed 16): deferring the print puts both uses of `self.lin` in one graph, and
-    AOTAutograd's gradient of its weight differs from eager's by 1-4e-7 (the test above), where the
-    original, cut by the print into two graphs, matched to the bit. The eager+grad arm holds the
-    mended program's gradients to every bit; the compiled arm's are the backend's rounding."""
+    AOTAutograd's gradient of its weight may differ from eager's in its last bits (the test above),
+    where the original, cut by the print into two graphs, matched to the bit. The eager+grad arm holds
+    the mended program's gradients to every bit; the compiled arm's, within rounding, are the backend's.
+    How many bits move is the machine's: only "within rounding" is asserted."""
     from fuzz.runner import check_program
 
     result = check_program(_fixture_program("fuzz_aot_grad_rounding.py"), seed=5, start=6, grad=True, aot=True)
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
-    assert "aot_eager+grad, call 1: output[1].lin.weight: values differ (max abs diff 2.38e-07)" in result.backend_differences
+    rounded = [re.fullmatch(r"aot_eager\+grad, call \d: output\[1\]\.lin\.weight: values differ \(max abs diff (.+)\)", d)
+               for d in result.backend_differences]
+    assert all(m is not None and 0 < float(m.group(1)) < 1e-5 for m in rounded), result.backend_differences
+
+
+def test_the_runner_takes_a_gradient_within_rounding_as_the_backends_and_one_beyond_as_a_mismatch():
+    """The allowance itself, on observations made up for it: what the test above meets on machines
+    whose sums differ, whatever this machine's sums are."""
+    from fuzz.runner import _differences, _grads_rounded_to
+    from graphmend.verify import Observation
+
+    grad = torch.tensor([0.5, -0.25, 1.0])
+    expected = Observation(output=(torch.ones(2), {"lin.weight": grad}))
+    for delta, kept in ((2.4e-7, False), (1e-3, True)):
+        got = Observation(output=(torch.ones(2), {"lin.weight": grad + torch.tensor([delta, 0.0, 0.0])}))
+        left = _differences("aot_eager+grad", [expected], [_grads_rounded_to(expected, got)])
+        assert bool(left) is kept, (delta, left)
+        assert _differences("aot_eager+grad", [expected], [got]) != []

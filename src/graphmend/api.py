@@ -26,14 +26,17 @@ import torch
 
 from . import runtime
 from .compat import check_environment
-from .errors import UnsupportedEnvironment, describe
+from .errors import EagerFailure, UnsupportedEnvironment, describe
 from .fallback import FallbackBackend, compile_kwargs
-from .mend import DEFAULT_RULES, Mending, MendReport, mend_target
+from .mend import DEFAULT_RULES, Mending, MendReport, mend_target, report_in_mode
 from .targets import target_from_objects
 from .verify import quiet
 
 _ACTIVE: dict[int, tuple[Any, Mending]] = {}
 _LOCK = threading.Lock()
+# One mend (or unmend) at a time in the process: mending rewrites shared function objects, and two
+# models of the same classes mended by two threads at once would rewrite the same functions.
+_MENDING = threading.RLock()
 
 
 def _remember(key: Any, mending: Mending) -> None:
@@ -43,8 +46,9 @@ def _remember(key: Any, mending: Mending) -> None:
 
 def mend(model_or_fn: Any, *args: Any, **kwargs: Any) -> MendReport:
     """Mend ``model_or_fn`` in memory (no compile) using ``(*args, **kwargs)`` as
-    example inputs; every rule, verification on. Returns the report; undo with
-    ``graphmend.unmend(model_or_fn)``."""
+    example inputs, measured with autograd off; every rule, verification on.
+    Returns the report; undo with ``graphmend.unmend(model_or_fn)``. What the
+    analysis runs of the model print, log and warn is held back."""
     return _mend(model_or_fn, args, kwargs)
 
 
@@ -55,13 +59,14 @@ def _mend(
     *,
     rules: tuple[str, ...] = DEFAULT_RULES,
     verify: bool = True,
-    silent: bool = False,
+    grad: bool = False,
 ) -> MendReport:
     check_environment()
     target = target_from_objects(model, args, kwargs)
-    with quiet() if silent else contextlib.nullcontext():
-        report, mending = mend_target(target, rules=tuple(rules), verify=verify)
-    _remember(model, mending)
+    with _MENDING, quiet():  # analysis runs of the model: their output is not the user's
+        report, mending = mend_target(target, rules=tuple(rules), verify=verify, grad=grad)
+        _remember(model, mending)
+        mending.report = report
     report.undo = mending.undo  # type: ignore[attr-defined]
     internal = [o for o in report.outcomes if "internal error" in o.reason]
     if internal:  # the sites kept their original code; say so, once per mending
@@ -85,10 +90,12 @@ def unmend(obj: Any = None) -> None:
             key = getattr(obj, "_graphmend_source", obj)
             if isinstance(key, torch.nn.Module) and hasattr(key, "_orig_mod"):
                 key = key._orig_mod
+            key = _mend_subject(key)
             entry = _ACTIVE.pop(id(key), None)
             items = [entry] if entry else []
-    for _, mending in items:
-        mending.undo()
+    with _MENDING:
+        for _, mending in items:
+            mending.undo()
 
 
 @contextlib.contextmanager
@@ -116,16 +123,149 @@ def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     return (example_inputs,), {}
 
 
+# How many first calls that raise eagerly graphmend.compile tries to mend on before it gives up.
+MAX_TRIES = 3
+# Seconds another thread's call waits for the first call's mend before it runs the model eagerly.
+MEND_TIMEOUT = 60.0
+
+
+def _mend_subject(model: Any) -> Any:
+    """What to mend for ``model``: a data-parallel wrapper's own module (its
+    ``forward`` only passes the inputs on), else the model itself."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    return model.module if isinstance(model, (DataParallel, DistributedDataParallel)) else model
+
+
+def _sharded(model: Any) -> bool:
+    """Whether FSDP (``fully_shard``) sharded the model's parameters."""
+    fsdp = getattr(getattr(torch.distributed, "fsdp", None), "FSDPModule", None)
+    return isinstance(model, torch.nn.Module) and fsdp is not None and any(isinstance(m, fsdp) for m in model.modules())
+
+
+class _Mender:
+    """The mending of one ``graphmend.compile`` result.
+
+    It mends once, on the first call (or at compile time, given
+    ``example_inputs``), in that call's grad mode. Calls of other threads
+    meanwhile wait for it, up to ``timeout`` seconds; then they run the model
+    eagerly (compiling it now would trace code that is being rewritten). A
+    first call that raises eagerly is not mended on: it raises as
+    ``torch.compile`` would, and the next call tries again (``MAX_TRIES`` in
+    all). The first call in the other grad mode measures the mending again in
+    that mode, so ``report`` always says what the calls get."""
+
+    def __init__(self, model: Any, rules: tuple[str, ...], verify: bool, timeout: float | None) -> None:
+        self.model, self.rules, self.verify, self.timeout = model, rules, verify, timeout
+        self.lock = threading.Lock()
+        self.settled = False  # mended, or given up
+        self.tries = 0
+        self.reports: dict[bool, MendReport] = {}  # grad mode -> the mending measured in it
+        self.holder: Any = None
+
+    @property
+    def report(self) -> MendReport | None:
+        return self.holder.report if self.holder is not None else None
+
+    def ready(self, args: tuple, kwargs: dict) -> bool:
+        """Before a call: mend, or wait for the thread that mends. False when
+        the wait timed out: the call runs the model eagerly."""
+        grad = torch.is_grad_enabled()
+        if not (self.settled and (not self.reports or grad in self.reports)):
+            if not self.lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
+                return False
+            try:
+                if not self.settled:
+                    self._mend(args, kwargs, grad)
+                elif self.reports and grad not in self.reports:
+                    self._measure(grad)
+            finally:
+                self.lock.release()
+        if self.holder is not None and grad in self.reports:
+            self.holder.report = self.reports[grad]
+        return True
+
+    def _mend(self, args: tuple, kwargs: dict, grad: bool) -> None:
+        existing = _mending_of(_mend_subject(self.model))
+        if existing is not None and existing.report is not None:  # graphmend.mend came first: use it
+            self.reports[existing.report.grad] = existing.report
+            self.settled = True
+            if grad != existing.report.grad:
+                self._measure(grad)
+            return
+        if _sharded(self.model):
+            self._give_up(
+                "its parameters are sharded by FSDP (fully_shard): mending runs the model on private copies, "
+                "and a sharded model cannot be copied; nor can it run on its own: every forward gathers the "
+                "parameters from all ranks, and mending runs it as many times as this rank's inputs need; mend "
+                "it before sharding (graphmend.mend(model, x) on every rank) and graphmend.compile uses that"
+            )
+            return
+        subject = _mend_subject(self.model)
+        try:
+            report = _mend(subject, args, kwargs, rules=self.rules, verify=self.verify, grad=grad)
+        except EagerFailure as exc:  # the user's bad call: it raises on its own, the next one may mend
+            self.tries += 1
+            if self.tries >= MAX_TRIES:
+                why = exc.message.split("fails in eager mode: ", 1)[-1]
+                self._give_up(f"it raised eagerly on each of its first {self.tries} calls; the last: {why}")
+            return
+        except Exception as exc:  # never fail where torch.compile alone would work
+            unmend(subject)
+            self._give_up(describe(exc))
+            return
+        self.reports[grad] = report
+        self.settled = True
+        if report.before.graphs > 1 and not report.before.break_events:
+            warnings.warn(
+                f"graphmend: {report.before.graphs} graphs but no graph break in Dynamo's log for "
+                f"{type(self.model).__name__}: the report cannot say what split them",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _measure(self, grad: bool) -> None:
+        mending = _mending_of(_mend_subject(self.model))
+        if mending is None:
+            return
+        try:
+            with _MENDING, quiet():
+                self.reports[grad] = report_in_mode(self.reports[not grad], mending, grad)
+        except Exception as exc:  # the mended code stays; the report says what it could
+            warnings.warn(f"graphmend: could not measure the mending with grad={grad} ({describe(exc)})",
+                          RuntimeWarning, stacklevel=4)
+            self.reports[grad] = self.reports[not grad]
+
+    def _give_up(self, why: str) -> None:
+        self.settled = True
+        warnings.warn(
+            f"graphmend: could not mend {type(self.model).__name__} ({why}); compiling it unchanged",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+
+
+def _mending_of(model: Any) -> Mending | None:
+    with _LOCK:
+        entry = _ACTIVE.get(id(model))
+    return entry[1] if entry is not None else None
+
+
 class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
-    """torch.compile's OptimizedModule, plus ``.report``, with the deferral
-    region opened and closed around the whole call.
+    """torch.compile's OptimizedModule, plus ``.report``, with each call made
+    through ``graphmend.compile``'s mender (mend first, the deferral region
+    around the call).
 
     ``OptimizedModule`` forwards attribute writes to the wrapped model, which
     would shadow a model attribute named ``report``; a class attribute keeps
     the write on the wrapper. The region wraps ``__call__`` itself rather than
     forward hooks: when the forward raises after a trapped check failed, the
     region's exit must raise the trapped exception (it came first, as in
-    eager), and torch silences exceptions raised by an always-called hook."""
+    eager), and torch silences exceptions raised by an always-called hook.
+
+    Pickled, it is the call that made it: ``graphmend.compile`` of the
+    unpickled model, which mends again on its first call (the mended code
+    lives in the process, not in the model)."""
 
     report = None
 
@@ -134,6 +274,13 @@ class _MendedModule(torch._dynamo.eval_frame.OptimizedModule):
         if around is None:
             return super().__call__(*args, **kwargs)
         return around(super().__call__, args, kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return (_recompile, (self._orig_mod, self.__dict__["_graphmend_options"]))
+
+
+def _recompile(model: Any, options: dict[str, Any]) -> Any:
+    return compile(model, **options)
 
 
 def _call_region(report: MendReport | None) -> Any:
@@ -152,45 +299,26 @@ def compile(
     example_inputs: Any = None,
     rules: tuple[str, ...] = DEFAULT_RULES,
     verify: bool = True,
+    mend_timeout: float | None = MEND_TIMEOUT,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile`` with graph breaks mended first.
 
     ``example_inputs``: a tuple of positional args, a dict of keyword args, or
-    ``(args, kwargs)``; without it, the first call's inputs are used. The
-    result carries ``.report`` (a :class:`MendReport`, None until mended).
+    ``(args, kwargs)``; without it, the first call's inputs are used (and its
+    grad mode). The result carries ``.report`` (a :class:`MendReport` for the
+    grad mode of the latest call, None until mended). ``mend_timeout``: how
+    long other threads' calls wait for the first call's mend before they run
+    the model eagerly (None: as long as it takes).
     """
     try:
         check_environment()
     except UnsupportedEnvironment as exc:  # never fail where torch.compile alone would work
         warnings.warn(f"{exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
         return torch.compile(model, **torch_compile_kwargs)
-    state: dict[str, Any] = {"report": None, "holder": None, "tried": False}
-    mend_lock = threading.Lock()
-
-    def ensure_mended(args: tuple, kwargs: dict) -> None:
-        if state["tried"]:
-            return
-        with mend_lock:
-            if state["tried"]:
-                return
-            state["tried"] = True
-            try:
-                state["report"] = _mend(model, args, kwargs, rules=rules, verify=verify, silent=True)
-            except Exception as exc:  # never fail where torch.compile alone would work
-                unmend(model)
-                warnings.warn(
-                    f"graphmend: could not mend {type(model).__name__} ({describe(exc)}); "
-                    "compiling it unchanged",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return
-            if state["holder"] is not None:
-                state["holder"].report = state["report"]
-
+    mender = _Mender(model, tuple(rules), verify, mend_timeout)
     if example_inputs is not None:
-        ensure_mended(*_split_inputs(example_inputs))
+        mender.ready(*_split_inputs(example_inputs))
 
     # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
     kwargs = compile_kwargs(torch_compile_kwargs)
@@ -202,8 +330,8 @@ def compile(
         regions = _Regions()
 
         def pre_hook(module: Any, args: tuple, kwargs: dict) -> None:
-            ensure_mended(args, kwargs)
-            region = _call_region(state["report"])
+            mender.ready(args, kwargs)
+            region = _call_region(mender.report)
             region.__enter__()
             regions.stack.append(region)
 
@@ -212,16 +340,21 @@ def compile(
                 regions.stack.pop().__exit__(None, None, None)
 
         def around(call: Any, args: tuple, kwargs: dict) -> Any:
-            ensure_mended(args, kwargs)
-            report = state["report"]
+            if not mender.ready(args, kwargs):
+                return model(*args, **kwargs)
+            report = mender.report
             if report is not None:
-                return report.call(call, model, args, kwargs)
+                return report.call(call, _mend_subject(model), args, kwargs)
             with _call_region(report):
                 return call(*args, **kwargs)
 
         if type(inner) is torch._dynamo.eval_frame.OptimizedModule:
             inner.__class__ = _MendedModule
             inner.__dict__["_graphmend_around"] = around
+            inner.__dict__["_graphmend_options"] = dict(
+                example_inputs=None, rules=tuple(rules), verify=verify, mend_timeout=mend_timeout,
+                **torch_compile_kwargs,
+            )
         else:  # another wrapper type: hooks (an exception in the forward wins over a trapped one)
             inner.register_forward_pre_hook(pre_hook, with_kwargs=True)
             inner.register_forward_hook(post_hook, with_kwargs=True, always_call=True)
@@ -230,12 +363,13 @@ def compile(
 
         @functools.wraps(model)
         def holder(*args: Any, **kwargs: Any) -> Any:
-            ensure_mended(args, kwargs)
-            with _call_region(state["report"]):
+            if not mender.ready(args, kwargs):
+                return model(*args, **kwargs)
+            with _call_region(mender.report):
                 return inner(*args, **kwargs)
 
-    holder.report = state["report"]
+    holder.report = mender.reports.get(torch.is_grad_enabled()) or next(iter(mender.reports.values()), None)
     if not isinstance(holder, torch.nn.Module):  # a module is found through ._orig_mod
         holder._graphmend_source = model
-    state["holder"] = holder
+    mender.holder = holder
     return holder

@@ -70,7 +70,7 @@ def cmd_mend(ns: argparse.Namespace) -> int:
     with redirect:
         target = load_target(ns.target)
         with quiet():  # analysis runs of the model: their output is not the user's
-            report, mending = mend_target(target, rules=rules, verify=not ns.no_verify)
+            report, mending = mend_target(target, rules=rules, verify=not ns.no_verify, grad=ns.grad)
         mending.undo()
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -290,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--rules", help="comma-separated rules to apply (default: all)")
     p.add_argument("--no-verify", action="store_true", help="skip the eager comparison with the original")
+    p.add_argument("--grad", action="store_true", help="measure and verify with autograd enabled, as training calls run (default: no_grad)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mend)
 

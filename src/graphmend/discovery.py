@@ -235,17 +235,24 @@ def _quiet_dynamo() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _graph_break_log() -> Iterator[_Collect]:
+    """Collect Dynamo's ``graph_breaks`` log, whatever the process's logging
+    configuration says: for this logger only, and only for the block, it is
+    enabled at every level (``logging.disable``, levels), not disabled, and
+    without filters. Discovery must never read "no break logged" as "no break"."""
     from torch._dynamo import symbolic_convert
     from torch._dynamo import utils as dynamo_utils
 
     log = symbolic_convert.graph_break_log
     handler = _Collect()
-    saved = (log.level, log.propagate)
+    saved = (log.level, log.propagate, log.disabled, log.filters, vars(log).get("isEnabledFor"))
     checker = dynamo_utils.graph_break_dup_warning_checker
     had_add = "add" in vars(checker)
     saved_add = vars(checker).get("add")
     log.setLevel(logging.DEBUG)
     log.propagate = False
+    log.disabled = False
+    log.filters = []
+    log.isEnabledFor = lambda level: True  # type: ignore[method-assign]
     log.addHandler(handler)
     checker.add = lambda key: True  # log every event with its full user stack
     try:
@@ -253,7 +260,11 @@ def _graph_break_log() -> Iterator[_Collect]:
     finally:
         log.removeHandler(handler)
         log.setLevel(saved[0])
-        log.propagate = saved[1]
+        log.propagate, log.disabled, log.filters = saved[1], saved[2], saved[3]
+        if saved[4] is None:
+            del log.isEnabledFor
+        else:
+            log.isEnabledFor = saved[4]  # type: ignore[method-assign]
         if had_add:
             checker.add = saved_add
         else:

@@ -34,5 +34,9 @@ class TargetError(GraphmendError):
     """The target cannot be loaded, built, or run eagerly."""
 
 
+class EagerFailure(TargetError):
+    """The model raises when run eagerly on the given inputs (the exception is the cause)."""
+
+
 class UnsupportedEnvironment(GraphmendError):
     """The installed torch or Python is outside the supported range."""

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .discovery import Trace, trace_breaks
+from .isolation import random_state_kept
 from .sites import BreakSite, assert_sites, group_sites
 from .targets import Target, private_copy, run_eager, target_from_objects
 
@@ -136,12 +137,14 @@ def explain_target(
     target: Target, *, calls: int = 1, grad: bool = False, dynamic: bool | None = False
 ) -> ExplainReport:
     """Explain a loaded target: run it eagerly (it must work), then trace it.
-    Both runs use private copies: the user's model and inputs are not touched."""
-    run_eager(private_copy(target))
-    subject = private_copy(target)
-    trace = trace_breaks(
-        subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
-    )
+    Both runs use private copies: the user's model and inputs are not touched,
+    nor the random generators."""
+    with random_state_kept():
+        run_eager(private_copy(target), grad)
+        subject = private_copy(target)
+        trace = trace_breaks(
+            subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
+        )
     return report_from_trace(target.name, trace)
 
 

@@ -86,6 +86,11 @@ class FallbackBackend:
     def get_compiler_config(self) -> Any:
         return self.compiler_config
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``torch.save`` of a compiled model) without the built compilers:
+        they are closures, rebuilt on the first graph after loading."""
+        return {**self.__dict__, "_compilers": {}}
+
     def _compiler(self, kwargs: dict[str, Any]) -> Callable[[Any, Any], Any]:
         """What ``torch.compile(backend=self.backend, mode=..., options=...)`` would call."""
         key = repr(sorted(kwargs.items()))

@@ -50,12 +50,13 @@ from .capture import Capture, Trial, decide, removed_sites
 from .chains import complete, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import is_model_code, trace_breaks
-from .errors import describe
+from .errors import EagerFailure, describe
+from .isolation import random_state_kept
 from .check.find import find_in_source
 from .rules import EFFECTS, RUNTIME_NAME, Decline, Rule, is_runtime_call, load_rules
 from .sites import BreakSite, display_path
 from .source import statement_in
-from .targets import Target, private_copy, run_eager
+from .targets import Target, private_copy
 from .verify import Observation, compare, observe
 
 DEFAULT_RULES = ("where", "defer", "trap", "scalar", "speculate")
@@ -106,6 +107,7 @@ class MendReport:
     rules: tuple[str, ...] = DEFAULT_RULES
     capture: Capture = field(default_factory=Capture)
     kept: list[str] = field(default_factory=list)  # graph breaks kept before asserts, or why not (barriers.py)
+    grad: bool = False  # the autograd mode the graphs were measured in
 
     @contextlib.contextmanager
     def region(self) -> Any:
@@ -142,6 +144,7 @@ class MendReport:
             "schema": 1,
             "target": self.target,
             "rules": list(self.rules),
+            "grad": self.grad,
             "graphs_before": self.before.graphs,
             "graphs_after": self.after.graphs,
             "breaks_before": self.before.breaks,
@@ -164,6 +167,23 @@ class Mending:
     def __init__(self) -> None:
         self.patches: list[engine.Patch] = []
         self.memo_attrs: set[str] = set()  # attributes rewrites may create early (not state differences)
+        self.target: Target | None = None  # what was mended, with its example inputs
+        self.report: MendReport | None = None  # set by the API that made it
+
+    @contextlib.contextmanager
+    def original_code(self) -> Any:
+        """The original code of every patched function, for the block."""
+        codes = [(fn, fn.__code__) for p in self.patches for fn in p.located.functions]
+        for patch in self.patches:
+            for fn in patch.located.functions:
+                fn.__code__ = patch.original_code
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            for fn, code in codes:
+                fn.__code__ = code
+            torch._dynamo.reset()
 
     def by_code(self) -> dict[int, engine.Patch]:
         return {id(p.new_code): p for p in self.patches}
@@ -450,7 +470,8 @@ def mend_target(
     If anything fails midway, every function already rewritten is restored."""
     mending = mending or Mending()
     try:
-        return _mend_target(target, rules=rules, verify=verify, max_rounds=max_rounds, grad=grad, mending=mending)
+        with random_state_kept():  # mending runs the model: the user's generators stay where they are
+            return _mend_target(target, rules=rules, verify=verify, max_rounds=max_rounds, grad=grad, mending=mending)
     except BaseException:
         mending.undo()
         raise
@@ -468,7 +489,9 @@ def _mend_target(
     start = time.perf_counter()
     baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad) if verify else None
     if baseline is not None and baseline.exception is not None:
-        run_eager(private_copy(target))  # raises the one-line TargetError for the user
+        kind, message = baseline.exception
+        first = (message.strip().splitlines() or [""])[0]
+        raise EagerFailure(f"{target.name}: the model fails in eager mode: {kind}: {first}".rstrip(": "))
     before = explain_target(target, grad=grad)
     outcomes: dict[tuple[str, int], SiteOutcome] = {}
     groups: dict[int, list[tuple[str, int]]] = {}
@@ -513,11 +536,8 @@ def _mend_target(
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
     _credit_capture(capture, plain, current, outcomes)
-    # Sites still breaking after their rewrite keep "applied" but say so.
-    remaining = {_key(s): s for s in current.sites}
-    for key, outcome in outcomes.items():
-        if outcome.status == "applied" and key in remaining:
-            outcome.notes.append(f"still breaks: {remaining[key].reason}")
+    _note_still_breaking(outcomes.values(), current)
+    mending.target = target
     report = MendReport(
         target=target.name,
         before=before,
@@ -530,8 +550,36 @@ def _mend_target(
         rules=tuple(rules),
         capture=capture,
         kept=kept,
+        grad=grad,
     )
     return report, mending
+
+
+_STILL = "still breaks: "
+
+
+def _note_still_breaking(outcomes: Iterable[SiteOutcome], current: ExplainReport) -> None:
+    """Sites still breaking after their rewrite keep "applied" but say so."""
+    remaining = {_key(s): s for s in current.sites}
+    for outcome in outcomes:
+        outcome.notes = [n for n in outcome.notes if not n.startswith(_STILL)]
+        if outcome.status == "applied" and (outcome.file, outcome.line) in remaining:
+            outcome.notes.append(_STILL + remaining[(outcome.file, outcome.line)].reason)
+
+
+def report_in_mode(report: MendReport, mending: Mending, grad: bool) -> MendReport:
+    """``report``'s mending measured with autograd ``grad``: the original and
+    the mended program traced in that mode, the rewrites as they are (a
+    [Where] rewrite runs the original branch under grad, say)."""
+    target = mending.target
+    assert target is not None, "a mending knows its target once mend_target returns"
+    with random_state_kept():
+        with mending.original_code():
+            before = explain_target(target, grad=grad)
+        after = _retrace(target, grad, report.capture.flags)
+    outcomes = [_copy_outcome(o) for o in report.outcomes]
+    _note_still_breaking(outcomes, after)
+    return dataclasses.replace(report, before=before, after=after, outcomes=outcomes, grad=grad)
 
 
 def _guard_held_asserts(

@@ -110,8 +110,9 @@ def mend_summary(report: "MendReport") -> str:
     verified = {True: "verified identical to eager", False: "verification failed", None: "not verified"}[
         report.verified
     ]
+    mode = " (autograd on)" if report.grad else ""
     return (
-        f"{report.target}: graphs {before.graphs} -> {after.graphs}, breaks {before.breaks} -> {after.breaks} "
+        f"{report.target}{mode}: graphs {before.graphs} -> {after.graphs}, breaks {before.breaks} -> {after.breaks} "
         f"({removed} removed) | {len(report.applied)} applied, {len(report.declined)} not | {verified} | "
         f"{report.seconds:.1f} s"
     )

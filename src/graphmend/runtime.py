@@ -35,6 +35,15 @@ call again (``Mispredicted``), nothing of the first run performed and the
 random state restored. A call that raises, or that reaches an effect that was
 not deferred, runs once more without guessing.
 
+**Export.** Under ``torch.export`` nothing is recorded. A trap becomes
+``torch._assert_async`` in the exported program: it raises RuntimeError
+with the original exception type and message in its text (a message that is
+not a constant refuses the export with one error naming the site). A deferred
+print, log or warning runs at trace time in non-strict export, as the
+original's does; strict export, where the original's effect is a graph break
+that fails the export too, stops with one ``ExportError`` naming the site.
+``barrier`` breaks no graph there.
+
 **Sites.** Each call carries ``site = (module_name, line, function)`` of the
 original statement, so that a replayed warning or log record reports the
 original file, line and function.
@@ -270,7 +279,31 @@ def _note_unguarded() -> None:
         warnings.warn(_UNGUARDED_MESSAGE, RuntimeWarning, stacklevel=2)
 
 
+class ExportError(RuntimeError):
+    """torch.export met a mended call whose behaviour an exported program cannot keep."""
+
+
+def _exported(site: Site, what: str) -> None:
+    """A deferred effect under torch.export. Not under Dynamo (non-strict
+    export): nothing, the effect runs now, at trace time, as the original's
+    does. Under Dynamo (strict export, where the original's effect is a graph
+    break and fails the export too): one error that names the site."""
+    if torch.compiler.is_exporting() and torch.compiler.is_dynamo_compiling():
+        _refuse_export(site, what, "an exported program keeps no output")
+
+
+@torch._dynamo.assume_constant_result  # Dynamo calls it while tracing: the error reaches the user as is
+def _refuse_export(site: Site, what: str, why: str) -> None:
+    filename, _ = _module_of(site)
+    raise ExportError(
+        f"graphmend: torch.export cannot keep the {what} at {filename}:{site[1]} ({site[2]}), mended by graphmend: "
+        f"{why}; export the original (graphmend.unmend(model)) or remove it"
+    )
+
+
 def _sink() -> list | None:
+    if torch.compiler.is_exporting():
+        return None  # torch.export: nothing is recorded (see "Export" in the module doc)
     sink = _STATE.sink
     if sink is None:
         if torch.compiler.is_compiling():
@@ -327,6 +360,7 @@ def print_(site: Site, args: tuple, kwargs: dict) -> None:
     """``print(*args, **kwargs)``."""
     sink = _sink()
     if sink is None:
+        _exported(site, "print")
         _print_now(args, kwargs)
     else:
         sink.append(("print", site, None, None, _snap(args), _snap(kwargs)))
@@ -367,10 +401,12 @@ def _refresh_levels() -> None:
 def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict) -> None:
     """``logger.<method>(*args, **kwargs)``; a disabled level records nothing."""
     if not isinstance(logger, logging.Logger):
+        _exported(site, f"call of `{method}`")
         _perform_call(logger, method, args, kwargs)
         return
     sink = _sink()
     if sink is None:
+        _exported(site, f"`logger.{method}` call")
         _log_now(site, logger, method, args, kwargs)
         return
     if _ENABLED.get(site, True):
@@ -381,6 +417,7 @@ def warn(site: Site, args: tuple, kwargs: dict) -> None:
     """``warnings.warn(*args, **kwargs)`` (stacklevel 1)."""
     sink = _sink()
     if sink is None:
+        _exported(site, "`warnings.warn` call")
         _warn_now(site, args, kwargs)
     else:
         sink.append(("warn", site, None, None, _snap(args), _snap(kwargs)))
@@ -477,14 +514,20 @@ def _shared(module: Any, name: str, tensor: Any) -> bool:
     return False
 
 
-@torch.compiler.disable
 def barrier() -> None:
     """A graph break, placed before an assert that may be on tensor values when
     the mended code records (mend.py, barriers.py). Dynamo compiles such an
     assert into the graph, and a graph that raises loses the records made in
     it: the break ends the graph before the assert, so the records made so far
     reach the region, which performs them (and raises a set trap) even when
-    the assert then fails."""
+    the assert then fails. Under torch.export nothing is recorded: no break."""
+    if not torch.compiler.is_exporting():
+        _break()
+
+
+@torch.compiler.disable
+def _break() -> None:
+    """Dynamo cannot trace a call of this: the graph ends before it."""
 
 
 # While mending runs the model eagerly (barriers.py), the (file, line) of each
@@ -544,12 +587,30 @@ def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
 
     Effects recorded before it are performed; those recorded after it are
     not (the eager code would not have reached them)."""
+    if torch.compiler.is_exporting():
+        _export_trap(site, flag, exc_type, args)
+        return
     sink = _sink()
     if sink is None:
         if bool(flag):
             raise exc_type(*_resolve(args))
         return
     sink.append(("trap", site, exc_type, None, (flag,), _snap(args)))
+
+
+def _export_trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
+    """A trap under torch.export: an assert the exported program keeps
+    (``torch._assert_async``: it raises RuntimeError, with the original type
+    and message in its text), or, when the message is not a constant, one
+    error that names the site; a Python bool decides at once, as the original."""
+    if not isinstance(flag, torch.Tensor):
+        if flag:
+            raise exc_type(*_resolve(args))
+        return
+    if not all(isinstance(a, str) for a in args):
+        _refuse_export(site, f"check raising {exc_type.__name__}", "its message is computed from values")
+    text = args[0] if len(args) == 1 else str(args) if args else ""
+    torch._assert_async(torch.logical_not(flag), f"{exc_type.__name__}: {text}" if text else exc_type.__name__)
 
 
 # --------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import TargetError
+from .errors import EagerFailure, TargetError
 
 
 @dataclass
@@ -204,10 +204,10 @@ def private_copy(target: Target) -> Target:
     return Target(target.name, model, args, kwargs)
 
 
-def run_eager(target: Target) -> Any:
+def run_eager(target: Target, grad: bool = False) -> Any:
     """Run the target once eagerly; a failure is the user's problem, one line."""
     try:
-        with torch.no_grad():
+        with torch.enable_grad() if grad else torch.no_grad():
             return target.model(*target.args, **target.kwargs)
     except Exception as exc:
-        raise TargetError(f"{target.name}: the model fails in eager mode: {_one_line(exc)}") from exc
+        raise EagerFailure(f"{target.name}: the model fails in eager mode: {_one_line(exc)}") from exc

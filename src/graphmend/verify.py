@@ -17,16 +17,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import io
 import logging
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from . import runtime
+from .isolation import captured, random_state_kept
 
 _ONCE_METHODS = ("warning_once", "info_once")
 # Attributes torch.compile itself sets on a module: not the model's state.
@@ -64,45 +63,11 @@ def fresh_once_caches():
 
 
 @contextlib.contextmanager
-def _routed_log_records(route: Callable[[logging.Logger, logging.LogRecord, Callable], None]):
-    """Send every log record through ``route(logger, record, handle)`` for the
-    duration, where ``handle`` is the original ``Logger.handle``."""
-    original = logging.Logger.handle
-
-    def handle(self: logging.Logger, record: logging.LogRecord) -> None:
-        route(self, record, original)
-
-    logging.Logger.handle = handle  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        logging.Logger.handle = original  # type: ignore[method-assign]
-
-
-def _capture_log_records(sink: list[tuple]):
-    def route(logger: logging.Logger, record: logging.LogRecord, handle: Callable) -> None:
-        sink.append((record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage()))
-        handle(logger, record)
-
-    return _routed_log_records(route)
-
-
-@contextlib.contextmanager
 def quiet():
-    """Hold back what analysis runs of the user's model print, log and warn:
-    they are extra runs, not the user's calls."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-        stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
-        stack.enter_context(fresh_once_caches())
-
-        def route(logger: logging.Logger, record: logging.LogRecord, handle: Callable) -> None:
-            if record.name.startswith("torch."):  # torch's own logs (discovery reads them)
-                handle(logger, record)
-
-        stack.enter_context(_routed_log_records(route))
+    """Hold back what analysis runs of the user's model print, log and warn on
+    this thread: they are extra runs, not the user's calls (other threads'
+    output is untouched; isolation.py)."""
+    with captured():
         yield
 
 
@@ -169,18 +134,12 @@ def observe(
     subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
     call_args = copy.deepcopy(args)
     call_kwargs = copy.deepcopy(kwargs)
-    out, err = io.StringIO(), io.StringIO()
     region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=[]))
+        stack.enter_context(random_state_kept())
         torch.manual_seed(seed)
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
-        stack.enter_context(_capture_log_records(obs.records))
-        stack.enter_context(fresh_once_caches())
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
+        effects = stack.enter_context(captured())
         stack.enter_context(grad_ctx())
         try:
             with region():
@@ -188,8 +147,8 @@ def observe(
             obs.output = _detach(result)
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))
-        obs.warnings = [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught]
-    obs.stdout, obs.stderr = out.getvalue(), err.getvalue()
+    obs.stdout, obs.stderr = effects.stdout.getvalue(), effects.stderr.getvalue()
+    obs.records, obs.warnings = effects.records, effects.warnings
     obs.state = module_state(subject)
     return obs
 

@@ -1,0 +1,219 @@
+"""Mending's own runs of the model, kept apart from the user's process.
+
+Mending calls the model many times (eager observations, traces under
+Dynamo). Those calls are graphmend's, not the user's, so two things they do
+must not reach the user:
+
+* **Output.** ``captured()`` collects what the calls print (``sys.stdout``,
+  ``sys.stderr``), log (``logging.Logger.handle``) and warn
+  (``warnings._showwarnmsg``) on the thread that runs them, and only there.
+  While any thread captures, those three channels are routed per thread:
+  every other thread's prints, log records and warnings go where they always
+  go, at once. (Swapping ``sys.stdout`` for the whole process, as
+  ``contextlib.redirect_stdout`` does, would swallow what other threads of a
+  server print while the first call mends.) torch's own log records pass
+  through: discovery reads Dynamo's from its handler. Once-only logger
+  methods (transformers' ``warning_once``) get a private cache per capture,
+  so a capture neither sees the user's earlier messages as logged nor
+  swallows the user's next one.
+* **Randomness.** ``random_state_kept()`` puts every generator back where it
+  was: torch's CPU generator and each initialised CUDA device's, Python's
+  ``random`` and numpy's global one. A mended first call then draws exactly
+  what the call alone would have (the same dropout masks, the same later
+  ``torch.rand``).
+
+Warnings follow the process's filters on the capturing thread too (Python
+3.11 has no per-thread filters); each capture starts and ends with fresh
+once-per-place registries (``warnings._filters_mutated``, what
+``warnings.catch_warnings`` does on entry and exit), so mending never makes
+a warning the user has not seen yet count as already shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import random
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+_ONCE_METHODS = ("warning_once", "info_once")
+
+
+@dataclass
+class Effects:
+    """What the calls of one capture printed, logged and warned, in order."""
+
+    stdout: io.StringIO = field(default_factory=io.StringIO)
+    stderr: io.StringIO = field(default_factory=io.StringIO)
+    records: list[tuple] = field(default_factory=list)  # (logger, level, path, line, function, message)
+    warnings: list[tuple] = field(default_factory=list)  # (category, message, path, line)
+    once: dict[str, Callable] = field(default_factory=dict)  # private caches of once-only logger methods
+
+
+# thread ident -> its open captures, innermost last; routing is installed while this is not empty
+_CAPTURES: dict[int, list[Effects]] = {}
+_GUARD = threading.Lock()
+_SAVED: dict[str, Any] = {}
+
+
+def _current() -> Effects | None:
+    stack = _CAPTURES.get(threading.get_ident())
+    return stack[-1] if stack else None
+
+
+class _Router:
+    """``sys.stdout`` / ``sys.stderr`` while a thread captures: that thread's
+    writes go to its capture, every other thread's to the stream itself."""
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self._name = name
+        self._inner = inner
+
+    def _target(self) -> Any:
+        effects = _current()
+        return self._inner if effects is None else getattr(effects, self._name)
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def writelines(self, lines: Any) -> None:
+        self._target().writelines(lines)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _handle(logger: logging.Logger, record: logging.LogRecord) -> None:
+    effects = _current()
+    if effects is None or record.name.startswith("torch."):
+        _SAVED["handle"](logger, record)
+        return
+    effects.records.append(
+        (record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage())
+    )
+
+
+def _showwarnmsg(message: Any) -> None:
+    effects = _current()
+    if effects is None:
+        _SAVED["showwarnmsg"](message)
+        return
+    effects.warnings.append((message.category.__name__, str(message.message), message.filename, message.lineno))
+
+
+def _once_router(name: str, original: Callable) -> Callable:
+    raw = original.__wrapped__
+
+    @functools.wraps(raw)
+    def route(self: logging.Logger, *args: Any, **kwargs: Any) -> Any:
+        effects = _current()
+        if effects is None:
+            return original(self, *args, **kwargs)
+        if name not in effects.once:
+            effects.once[name] = functools.lru_cache(None)(raw)
+        return effects.once[name](self, *args, **kwargs)
+
+    return route
+
+
+def _install() -> None:
+    _SAVED.clear()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Router):
+            _SAVED[name] = router = _Router(name, stream)
+            setattr(sys, name, router)
+    _SAVED["handle"] = logging.Logger.handle
+    logging.Logger.handle = _handle  # type: ignore[method-assign]
+    _SAVED["showwarnmsg"] = warnings._showwarnmsg  # type: ignore[attr-defined]
+    warnings._showwarnmsg = _showwarnmsg  # type: ignore[attr-defined]
+    for name in _ONCE_METHODS:
+        method = vars(logging.Logger).get(name)
+        if getattr(method, "__wrapped__", None) is not None and hasattr(method, "cache_clear"):
+            _SAVED[f"once:{name}"] = method
+            setattr(logging.Logger, name, _once_router(name, method))
+
+
+def _uninstall() -> None:
+    """Put back what ``_install`` replaced, unless something replaced it since
+    (that owner restores it; the router left below it only passes through)."""
+    for name in ("stdout", "stderr"):
+        router = _SAVED.get(name)
+        if router is not None and getattr(sys, name) is router:
+            setattr(sys, name, router._inner)
+    if logging.Logger.handle is _handle:
+        logging.Logger.handle = _SAVED["handle"]  # type: ignore[method-assign]
+    if warnings._showwarnmsg is _showwarnmsg:  # type: ignore[attr-defined]
+        warnings._showwarnmsg = _SAVED["showwarnmsg"]  # type: ignore[attr-defined]
+    for name in _ONCE_METHODS:
+        saved = _SAVED.get(f"once:{name}")
+        if saved is not None and getattr(vars(logging.Logger).get(name), "__wrapped__", None) is saved.__wrapped__:
+            setattr(logging.Logger, name, saved)
+    _SAVED.clear()
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[Effects]:
+    """Capture what this thread prints, logs and warns in the block (see the module doc)."""
+    effects = Effects()
+    ident = threading.get_ident()
+    with _GUARD:
+        if not _CAPTURES:
+            _install()
+        _CAPTURES.setdefault(ident, []).append(effects)
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+    try:
+        yield effects
+    finally:
+        with _GUARD:
+            stack = _CAPTURES[ident]
+            stack.remove(effects)
+            if not stack:
+                del _CAPTURES[ident]
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+            if not _CAPTURES:
+                _uninstall()
+
+
+# --------------------------------------------------------------------------
+# randomness
+
+
+def _random_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.random.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    return states
+
+
+def _set_random_states(states: dict[str, Any]) -> None:
+    torch.random.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        sys.modules["numpy"].random.set_state(states["numpy"])
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Every random generator as it was before the block, after it (see the module doc)."""
+    states = _random_states()
+    try:
+        yield
+    finally:
+        _set_random_states(states)
