@@ -167,10 +167,11 @@ class _Mender:
     def report(self) -> MendReport | None:
         return self.holder.report if self.holder is not None else None
 
-    def ready(self, args: tuple, kwargs: dict) -> bool:
-        """Before a call: mend, or wait for the thread that mends. False when
-        the wait timed out: the call runs the model eagerly."""
-        grad = torch.is_grad_enabled()
+    def ready(self, args: tuple, kwargs: dict, grad: bool | None = None) -> bool:
+        """Before a call (in the current grad mode, unless ``grad`` says which):
+        mend, or wait for the thread that mends. False when the wait timed
+        out: the call runs the model eagerly."""
+        grad = torch.is_grad_enabled() if grad is None else grad
         if not (self.settled and (not self.reports or grad in self.reports)):
             if not self.lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
                 return False
@@ -178,7 +179,7 @@ class _Mender:
                 if not self.settled:
                     self._mend(args, kwargs, grad)
                 elif self.reports and grad not in self.reports:
-                    self._measure(grad)
+                    self._measure(grad, args, kwargs)
             finally:
                 self.lock.release()
         if self.holder is not None and grad in self.reports:
@@ -191,7 +192,7 @@ class _Mender:
             self.reports[existing.report.grad] = existing.report
             self.settled = True
             if grad != existing.report.grad:
-                self._measure(grad)
+                self._measure(grad, args, kwargs)
             return
         if _sharded(self.model):
             self._give_up(
@@ -224,13 +225,15 @@ class _Mender:
                 stacklevel=4,
             )
 
-    def _measure(self, grad: bool) -> None:
+    def _measure(self, grad: bool, args: tuple, kwargs: dict) -> None:
         mending = _mending_of(_mend_subject(self.model))
         if mending is None:
             return
         try:
             with _MENDING, quiet():
-                self.reports[grad] = report_in_mode(self.reports[not grad], mending, grad)
+                self.reports[grad] = report_in_mode(self.reports[not grad], mending, grad, args, kwargs)
+        except EagerFailure:  # this call raises on its own: the next one in this mode measures
+            return
         except Exception as exc:  # the mended code stays; the report says what it could
             warnings.warn(f"graphmend: could not measure the mending with grad={grad} ({describe(exc)})",
                           RuntimeWarning, stacklevel=4)
@@ -305,8 +308,8 @@ def compile(
     """``torch.compile`` with graph breaks mended first.
 
     ``example_inputs``: a tuple of positional args, a dict of keyword args, or
-    ``(args, kwargs)``; without it, the first call's inputs are used (and its
-    grad mode). The result carries ``.report`` (a :class:`MendReport` for the
+    ``(args, kwargs)``, measured with autograd off; without it, the first
+    call's inputs are used, in its grad mode. The result carries ``.report`` (a :class:`MendReport` for the
     grad mode of the latest call, None until mended). ``mend_timeout``: how
     long other threads' calls wait for the first call's mend before they run
     the model eagerly (None: as long as it takes).
@@ -317,8 +320,8 @@ def compile(
         warnings.warn(f"{exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
         return torch.compile(model, **torch_compile_kwargs)
     mender = _Mender(model, tuple(rules), verify, mend_timeout)
-    if example_inputs is not None:
-        mender.ready(*_split_inputs(example_inputs))
+    if example_inputs is not None:  # no call to take the grad mode from: measured for inference, as mend()
+        mender.ready(*_split_inputs(example_inputs), grad=False)
 
     # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
     kwargs = compile_kwargs(torch_compile_kwargs)

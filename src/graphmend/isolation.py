@@ -138,6 +138,11 @@ def _install() -> None:
     logging.Logger.handle = _handle  # type: ignore[method-assign]
     _SAVED["showwarnmsg"] = warnings._showwarnmsg  # type: ignore[attr-defined]
     warnings._showwarnmsg = _showwarnmsg  # type: ignore[attr-defined]
+
+
+def _route_once_methods() -> None:
+    """Route the once-only logger methods defined so far (at every capture's
+    start: a library imported while capturing, transformers say, adds them)."""
     for name in _ONCE_METHODS:
         method = vars(logging.Logger).get(name)
         if getattr(method, "__wrapped__", None) is not None and hasattr(method, "cache_clear"):
@@ -171,6 +176,7 @@ def captured() -> Iterator[Effects]:
     with _GUARD:
         if not _CAPTURES:
             _install()
+        _route_once_methods()
         _CAPTURES.setdefault(ident, []).append(effects)
         warnings._filters_mutated()  # type: ignore[attr-defined]
     try:

@@ -567,12 +567,12 @@ def _note_still_breaking(outcomes: Iterable[SiteOutcome], current: ExplainReport
             outcome.notes.append(_STILL + remaining[(outcome.file, outcome.line)].reason)
 
 
-def report_in_mode(report: MendReport, mending: Mending, grad: bool) -> MendReport:
-    """``report``'s mending measured with autograd ``grad``: the original and
-    the mended program traced in that mode, the rewrites as they are (a
-    [Where] rewrite runs the original branch under grad, say)."""
-    target = mending.target
-    assert target is not None, "a mending knows its target once mend_target returns"
+def report_in_mode(report: MendReport, mending: Mending, grad: bool, args: tuple, kwargs: dict) -> MendReport:
+    """``report``'s mending measured with autograd ``grad`` on a call's inputs:
+    the original and the mended program traced in that mode, the rewrites as
+    they are (a [Where] rewrite runs the original branch under grad, say)."""
+    assert mending.target is not None, "a mending knows its target once mend_target returns"
+    target = dataclasses.replace(mending.target, args=tuple(args), kwargs=dict(kwargs))
     with random_state_kept():
         with mending.original_code():
             before = explain_target(target, grad=grad)
