@@ -9,7 +9,9 @@ it returns. A rule that must reason about everything that runs after a site
 callers. They are taken from the other chains observed in the same run (the
 first break in a function is usually reported from the entry down); when no
 observed chain leads from the entry to the function, the callers are unknown
-and the rule declines.
+and the rule declines. A site reached along several chains (a check in a
+module called from two places) is completed along each (``complete_all``):
+each caller has its own code after the call.
 """
 
 from __future__ import annotations
@@ -77,4 +79,18 @@ def complete(frames: Sequence[Any], observed: Iterable[Sequence[Any]], entries: 
     return list(out.values())
 
 
-__all__ = ["complete", "def_key", "entry_keys"]
+def complete_all(paths: Iterable[Sequence[Any]], observed: Iterable[Sequence[Any]], entries: set[Key]) -> list[tuple[Any, ...]]:
+    """``complete`` for every chain a site was reached by, together: ``[]``
+    (unknown) as soon as one of them cannot be completed, as the code after
+    that caller's call could not be checked."""
+    observed = list(observed)
+    out: list[tuple[Any, ...]] = []
+    for path in paths:
+        chains = complete(path, observed, entries)
+        if not chains:
+            return []
+        out += [c for c in chains if c not in out]
+    return out
+
+
+__all__ = ["complete", "complete_all", "def_key", "entry_keys"]
