@@ -18,6 +18,7 @@ LAYOUTS = {"one_file": one, "two_files": two}
 GOOD = torch.rand(2, 4, generator=torch.Generator().manual_seed(0))
 NEGATIVE = GOOD - 1.0
 NAN = GOOD.clone().index_fill_(1, torch.tensor([2]), float("nan"))
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="nn.DataParallel takes every GPU there")
 
 
 @pytest.fixture(autouse=True)
@@ -100,3 +101,63 @@ def test_break_chains_keep_every_caller_frame():
         assert all(os.path.dirname(f.file) == here for f in frames), frames
         assert [(os.path.basename(f.file), f.function) for f in frames] == [(file, "forward") for file, _ in want]
         assert all(f.line > line for f, (_, line) in zip(frames, lines)), frames
+
+
+@CPU_ONLY
+def test_dataparallel_is_a_transparent_caller():
+    """``nn.DataParallel`` with no device (CPU) returns ``self.module(...)``:
+    nothing of it runs after the call (chains._transparent_inner)."""
+    torch.manual_seed(0)
+    model = torch.nn.DataParallel(two.Parent())
+    assert model.device_ids == []
+    expected, _, compiled, backend = _compiled(model)
+    report = compiled.report
+    assert [status for status, _ in _traps(report)] == ["applied"], report.outcomes
+    assert (report.before.graphs, report.after.graphs) == (4, 1)
+    for x, e in zip((GOOD, NEGATIVE, NAN), expected):
+        _same(run(compiled, x.clone()), e)
+
+
+@CPU_ONLY
+def test_dataparallel_still_checks_the_wrapped_parent():
+    torch.manual_seed(0)
+    model = torch.nn.DataParallel(two.UpdatingParent())
+    expected, eager, compiled, _ = _compiled(model)
+    traps = _traps(compiled.report)
+    assert [status for status, _ in traps] == ["declined"] and "self.seen.add_" in traps[0][1], traps
+    for x, e in zip((GOOD, NEGATIVE, NAN), expected):
+        _same(run(compiled, x.clone()), e)
+    torch.testing.assert_close(model.module.seen, eager.module.seen, rtol=0, atol=0, equal_nan=True)
+
+
+@CPU_ONLY
+def test_only_a_one_device_dataparallel_is_transparent():
+    from graphmend.chains import entry_keys
+
+    inner = entry_keys(two.Parent())
+    assert inner <= entry_keys(torch.nn.DataParallel(two.Parent()))
+    several = torch.nn.DataParallel(two.Parent())
+    several.device_ids = [0, 1]  # replicas in threads, then gather: not a plain call
+    assert not inner & entry_keys(several)
+
+    class Custom(torch.nn.DataParallel):  # its forward may do anything after the call
+        pass
+
+    assert not inner & entry_keys(Custom(two.Parent()))
+
+
+def test_distributed_data_parallel_declines(tmp_path):
+    """DDP's ``_post_forward`` changes state after the call (the reducer's
+    ``prepare_for_backward``, ``require_forward_param_sync``): not transparent."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(two.Parent())
+        compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(GOOD.clone(),))
+        traps = _traps(compiled.report)
+        assert [status for status, _ in traps] == ["declined"] and "callers of `forward` are not known" in traps[0][1]
+    finally:
+        dist.destroy_process_group()

@@ -36,11 +36,13 @@ def def_key(frame: Any) -> Key | None:
 
 def entry_keys(model: Any) -> set[Key]:
     """The functions a compiled call of ``model`` starts in: its ``forward``
-    (a module) or itself (a function), and whatever they wrap."""
+    (a module) or itself (a function), and whatever they wrap; through a
+    transparent wrapper (``_transparent_inner``), the wrapped module's too."""
     import torch
 
     fn = type(model).forward if isinstance(model, torch.nn.Module) else model
-    keys: set[Key] = set()
+    inner = _transparent_inner(model)
+    keys: set[Key] = entry_keys(inner) if inner is not None else set()
     seen: set[int] = set()
     while fn is not None and id(fn) not in seen:
         seen.add(id(fn))
@@ -51,6 +53,26 @@ def entry_keys(model: Any) -> set[Key]:
                 keys.add((code.co_filename, node.lineno))
         fn = getattr(fn, "__wrapped__", None)
     return keys
+
+
+def _transparent_inner(model: Any) -> Any:
+    """The module a torch wrapper calls as the whole of its work, or None.
+
+    ``nn.DataParallel`` with no device (CPU) or one: its ``forward`` ends in
+    ``return self.module(...)``, in the calling thread, inside a profiler
+    ``record_function`` whose exit runs on an exception too. Nothing of the
+    wrapper's runs after the call, so the module's ``forward`` is where the
+    chains a rule must check start (its frames are torch's, left out of
+    chains). Not with several devices (replicas in threads, then ``gather``),
+    nor ``DistributedDataParallel``: its ``_post_forward`` changes state after
+    the call (``require_forward_param_sync``, the reducer's
+    ``prepare_for_backward``, buffer syncs), which a deferred raise would let
+    run, so its callers stay unknown and [Trap] declines."""
+    import torch
+
+    if type(model) is torch.nn.DataParallel and len(model.device_ids) <= 1:
+        return model.module
+    return None
 
 
 def complete(frames: Sequence[Any], observed: Iterable[Sequence[Any]], entries: set[Key]) -> list[tuple[Any, ...]]:
