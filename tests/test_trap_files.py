@@ -84,6 +84,20 @@ def test_a_state_change_after_the_call_still_declines(layout, name, change, buff
     torch.testing.assert_close(model.get_buffer(buffer), eager.get_buffer(buffer), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_call_inside_a_callers_try_declines(layout):
+    """Eager, the parent's handler catches the child's ValueError; a raise
+    deferred to the end of the call would escape it."""
+    torch.manual_seed(0)
+    model = LAYOUTS[layout].CatchingParent()
+    expected, _, compiled, _ = _compiled(model)
+    traps = _traps(compiled.report)
+    assert [status for status, _ in traps] == ["declined"] and "a caller's call is inside a try block" in traps[0][1]
+    assert expected[1].exception is None and not expected[1].output.any()
+    for x, e in zip((GOOD, NEGATIVE, NAN), expected):
+        _same(run(compiled, x.clone()), e)
+
+
 def test_break_chains_keep_every_caller_frame():
     """Dynamo's report folds adjacent frames of one name (every inlined
     ``forward``) and starts with the stack above the compiled call; discovery
