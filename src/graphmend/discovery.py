@@ -144,6 +144,31 @@ def _function_name(raw: str) -> str:
     return match.group("name") if match else raw
 
 
+_DISCOVERY_FILE = os.path.realpath(__file__)
+
+
+def _below_the_call(frames: list[Frame], entry: tuple[str, str] | None) -> tuple[Frame, ...]:
+    """The frames inside the compiled call. Dynamo's traceback starts with the
+    real stack above it (the caller's script, graphmend's explain and
+    discovery), which ends at ``trace_breaks``: it makes every compiled call.
+    Cutting at the entry's (file, function) is only the fallback (a message
+    from elsewhere): the entry's frame is missing from a frame compiled on its
+    own, and with Dynamo's own folding (``_collapse_resume_frames``) from a
+    break in an inlined ``forward``; a ``forward`` in the entry's file then
+    matched in its place, while a child class in another file matched nothing
+    and left the caller's stack at the head of the chain, where chains.py
+    could not place it ([Trap] declined: callers not known)."""
+    for i in range(len(frames) - 1, -1, -1):
+        frame = frames[i]
+        if frame.function == "trace_breaks" and os.path.realpath(frame.file) == _DISCOVERY_FILE:
+            return tuple(frames[i + 1 :])
+    if entry is not None:
+        for i, frame in enumerate(frames):
+            if (frame.file, frame.function) == entry:
+                return tuple(frames[i:])
+    return tuple(frames)
+
+
 def parse_event(message: str, compile_id: str | None, entry: tuple[str, str] | None) -> BreakEvent | None:
     """Parse one ``graph_breaks`` log message; ``entry`` is the compiled
     entry's (file, function), used to cut the frames above the compiled call."""
@@ -185,18 +210,13 @@ def parse_event(message: str, compile_id: str | None, entry: tuple[str, str] | N
         frames.append(Frame(pending[0], pending[1], pending[2], ""))
     if not gb_type and detail_lines:
         gb_type = detail_lines[0]
-    if entry is not None:
-        for i, frame in enumerate(frames):
-            if (frame.file, frame.function) == entry:
-                frames = frames[i:]
-                break
     return BreakEvent(
         file=head["file"],
         line=int(head["line"]),
         gb_id=gb_id,
         gb_type=gb_type,
         detail="\n".join(detail_lines[:6]),
-        frames=tuple(frames),
+        frames=_below_the_call(frames, entry),
         compile_id=compile_id,
     )
 
@@ -255,9 +275,14 @@ def _graph_break_log() -> Iterator[_Collect]:
     log.isEnabledFor = lambda level: True  # type: ignore[method-assign]
     log.addHandler(handler)
     checker.add = lambda key: True  # log every event with its full user stack
+    collapse = getattr(symbolic_convert, "collapse_resume_frames", None)
+    if collapse is not None:
+        symbolic_convert.collapse_resume_frames = _collapse_resume_frames
     try:
         yield handler
     finally:
+        if collapse is not None:
+            symbolic_convert.collapse_resume_frames = collapse
         log.removeHandler(handler)
         log.setLevel(saved[0])
         log.propagate, log.disabled, log.filters = saved[1], saved[2], saved[3]
@@ -269,6 +294,30 @@ def _graph_break_log() -> Iterator[_Collect]:
             checker.add = saved_add
         else:
             del checker.add
+
+
+def _collapse_resume_frames(stack: Any) -> Any:
+    """Dynamo's ``collapse_resume_frames`` for the break log, folding only
+    what it is meant to fold: a ``torch_dynamo_resume_in_<fn>`` frame into the
+    frame of ``<fn>`` just above it. Dynamo's own merges *any* two adjacent
+    frames of the same name, and it inlines a submodule's ``forward`` with no
+    ``nn.Module.__call__`` frame between, so ``Parent.forward > Child.forward``
+    was reported as ``Child.forward`` alone: the callers whose code runs after
+    the call ([Trap] must check it, chains.py) went missing."""
+    import traceback
+
+    out = traceback.StackSummary()
+    for frame in stack:
+        if frame.filename is None:
+            continue
+        name = _function_name(frame.name)
+        resumed = name != frame.name
+        frame.name = name
+        if resumed and out and (out[-1].name, out[-1].filename) == (name, frame.filename):
+            out[-1] = frame
+        else:
+            out.append(frame)
+    return out
 
 
 def entry_of(fn: Callable[..., Any]) -> tuple[str, str] | None:

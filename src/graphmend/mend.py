@@ -47,7 +47,7 @@ import torch
 from . import barriers, engine, runtime, source
 from .asserts import held_asserts
 from .capture import Capture, Trial, decide, removed_sites
-from .chains import complete, entry_keys
+from .chains import complete_all, entry_keys
 from .explain import ExplainReport, explain_target, report_from_trace
 from .discovery import is_model_code, trace_breaks
 from .errors import EagerFailure, describe
@@ -258,7 +258,7 @@ def _apply_round(
             outcomes[_key(site)] = _outcome(site, "declined", f"internal error locating the function: {exc}", rule_of(site))
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
-        chains = complete(site.frames, observed, entries)
+        chains = complete_all(site.paths or [site.frames], observed, entries)
         entry[1].append((site, engine.SiteRewrite(line=site.line, rule=rule, frames=list(site.frames), chains=chains)))
     if only is None:  # the model's functions that showed no break: only what rules rewrite ahead
         for file, line in _model_statements(model, rules, enabled):
@@ -710,7 +710,7 @@ def _rounds(
             break
         rounds += 1
         snapshot, codes = _snapshot(mending, groups, outcomes)
-        observed += [s.frames for s in current.sites if s.frames]
+        observed += [p for s in current.sites for p in (s.paths or [s.frames]) if p]
         applied = _apply_round(target.model, pending, rules, outcomes, mending, groups, observed)
         if applied == 0:
             break

@@ -74,8 +74,11 @@ class BreakSite:
     rule: str | None  # "where" / "defer" / "trap", or None when out of scope
     verdict: str  # one line: what the rule will do, or why out of scope
     events: int = 1
-    frames: list[Frame] = field(default_factory=list)  # entry -> site
+    frames: list[Frame] = field(default_factory=list)  # entry -> site (the longest chain seen)
     detail: str = ""
+    # Every distinct chain seen: a check reached from two callers has two
+    # continuations after it, and [Trap] must check both (chains.py).
+    paths: list[list[Frame]] = field(default_factory=list)
 
     @property
     def path(self) -> str:
@@ -251,6 +254,8 @@ def group_sites(events: list[BreakEvent]) -> list[BreakSite]:
             chain = _chain(event, frame)
             if len(chain) > len(site.frames):
                 site.frames = chain
+            if chain not in site.paths:
+                site.paths.append(chain)
             continue
         code = frame.code or source_line(frame.file, frame.line)
         rule, verdict = verdict_for(category)
@@ -266,6 +271,7 @@ def group_sites(events: list[BreakEvent]) -> list[BreakSite]:
             verdict=verdict,
             frames=_chain(event, frame),
             detail=event.detail,
+            paths=[_chain(event, frame)],
         )
         cats[key] = {category}
     for key, site in sites.items():

@@ -33,7 +33,8 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
 ``if __debug__`` (``python -O`` still removes it).
 
 ## When it declines
-- the check is inside a ``try`` of the same function (the handler could catch it);
+- the check is inside a ``try`` of the same function, or the call that leads
+  to it inside a ``try`` of a caller (the handler could catch it);
 - the exception class cannot be re-created from its arguments (it overrides
   ``__init__`` or ``__new__``), or ``raise ... from <cause>``;
 - a message argument could raise or act when evaluated on every call;
@@ -263,6 +264,11 @@ class Trap(Rule):
         if found is None:
             return None
         block, index = found
+        if self._inside_try(fdef, block[index]):
+            raise Decline(
+                f"a caller's call is inside a try block (`{fdef.name}`, line {frame.line}): a handler could catch "
+                "the exception, which would now be raised after the call"
+            )
         path = _path_to(fdef.body, block[index])
         namespace = module_namespace(frame.file)
         with self._scanning(fdef, frame.file):
