@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 import graphmend
-from ddp_worker import Net, run, run_fsdp
+from ddp_worker import Net, run
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +28,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("worker", [run, run_fsdp], ids=["ddp", "fsdp2-mended-before-sharding"])
-def test_two_cpu_processes_trap_and_train_bit_identically(tmp_path, worker):
-    mp.spawn(worker, args=(2, str(tmp_path), _free_port()), nprocs=2, join=True)
+@pytest.mark.parametrize("which", ["ddp", "fsdp"], ids=["ddp", "fsdp2-mended-before-sharding"])
+def test_two_cpu_processes_trap_and_train_bit_identically(tmp_path, which):
+    mp.spawn(run, args=(2, str(tmp_path), _free_port(), which), nprocs=2, join=True)
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert ["trap", "applied"] in result["outcomes"], result

@@ -130,10 +130,22 @@ MEND_TIMEOUT = 60.0
 
 
 def _mend_subject(model: Any) -> Any:
-    """What to mend for ``model``: a data-parallel wrapper's own module (its
-    ``forward`` only passes the inputs on), else the model itself."""
+    """What to mend for ``model``: the module a data-parallel wrapper holds, else
+    the model itself.
+
+    The wrapper's forward passes the inputs on; what it does after the module
+    returns also runs when a trapped check raises later, at the end of the
+    call, where the original raised inside the module. ``DataParallel`` on one
+    device does nothing more. ``DistributedDataParallel`` prepares the next
+    backward (bookkeeping the next forward starts over; tests/test_ddp.py:
+    gradients bit-identical after a failed call, with and without
+    ``find_unused_parameters``), and with a buffer hook placed after the
+    forward it broadcasts buffers: that wrapper is mended as a whole, and
+    [Trap] then declines (its callers are torch's wrapper code)."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+    if isinstance(model, DistributedDataParallel) and model._check_sync_bufs_post_fwd():
+        return model
     return model.module if isinstance(model, (DataParallel, DistributedDataParallel)) else model
 
 
