@@ -160,18 +160,36 @@ def test_only_a_one_device_dataparallel_is_transparent():
     assert not inner & entry_keys(Custom(two.Parent()))
 
 
-def test_distributed_data_parallel_declines(tmp_path):
-    """DDP's ``_post_forward`` changes state after the call (the reducer's
-    ``prepare_for_backward``, ``require_forward_param_sync``): not transparent."""
+def test_distributed_data_parallel_traps_unless_it_broadcasts_buffers_after_the_forward(tmp_path):
+    """graphmend.compile mends the module DDP wraps: what DDP's ``_post_forward`` does after
+    the call is bookkeeping for the next backward, which the next forward starts over
+    (tests/test_ddp.py trains on after a failed call, bit-identically). A buffer hook placed
+    after the forward broadcasts buffers there: [Trap] is off for that DDP, with a warning."""
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _allreduce_fut
+    from torch.nn.parallel.distributed import _BufferCommHookLocation
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("no gloo")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
+        model = torch.nn.parallel.DistributedDataParallel(two.UpdatingParent())
+        compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(GOOD.clone(),))
+        assert [status for status, _ in _traps(compiled.report)] == ["declined"]  # the buffer update
+        graphmend.unmend()
         model = torch.nn.parallel.DistributedDataParallel(two.Parent())
         compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(GOOD.clone(),))
+        assert [status for status, _ in _traps(compiled.report)] == ["applied"]
+        graphmend.unmend()
+        model = torch.nn.parallel.DistributedDataParallel(two.UpdatingParent())
+
+        def broadcast(state, buffers):
+            return [_allreduce_fut(None, b) for b in buffers]
+
+        model._register_buffer_comm_hook(None, broadcast, comm_hook_location=_BufferCommHookLocation.POST_FORWARD)
+        with pytest.warns(RuntimeWarning, match=r"\[Trap\] is off for this DistributedDataParallel"):
+            compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(GOOD.clone(),))
         traps = _traps(compiled.report)
-        assert [status for status, _ in traps] == ["declined"] and "callers of `forward` are not known" in traps[0][1]
+        assert [status for status, _ in traps] == ["declined"] and "rule 'trap' is not enabled" in traps[0][1]
     finally:
         dist.destroy_process_group()

@@ -130,23 +130,34 @@ MEND_TIMEOUT = 60.0
 
 
 def _mend_subject(model: Any) -> Any:
-    """What to mend for ``model``: the module a data-parallel wrapper holds, else
-    the model itself.
-
-    The wrapper's forward passes the inputs on; what it does after the module
-    returns also runs when a trapped check raises later, at the end of the
-    call, where the original raised inside the module. ``DataParallel`` on one
-    device does nothing more. ``DistributedDataParallel`` prepares the next
-    backward (bookkeeping the next forward starts over; tests/test_ddp.py:
-    gradients bit-identical after a failed call, with and without
-    ``find_unused_parameters``), and with a buffer hook placed after the
-    forward it broadcasts buffers: that wrapper is mended as a whole, and
-    [Trap] then declines (its callers are torch's wrapper code)."""
+    """What to mend for ``model``: the module a data-parallel wrapper holds, else the model."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-    if isinstance(model, DistributedDataParallel) and model._check_sync_bufs_post_fwd():
-        return model
     return model.module if isinstance(model, (DataParallel, DistributedDataParallel)) else model
+
+
+def _wrapper_rules(model: Any, rules: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules that stay legal through ``model``'s wrapper.
+
+    A trapped check raises at the end of the call, where the original raised
+    inside the wrapped module: what the wrapper does after the module returns
+    then runs too. ``DataParallel`` on one device does nothing more.
+    ``DistributedDataParallel`` prepares the next backward, bookkeeping the
+    next forward starts over (tests/test_ddp.py: gradients bit-identical after
+    a failed call, with and without ``find_unused_parameters``); but with a
+    buffer hook placed after the forward it broadcasts buffers there: no
+    [Trap] then (said in a warning)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "trap" in rules and isinstance(model, DistributedDataParallel) and model._check_sync_bufs_post_fwd():
+        warnings.warn(
+            "graphmend: [Trap] is off for this DistributedDataParallel: its buffer hook broadcasts buffers "
+            "after the forward, which a trapped check, raised at the end of the call, would no longer stop",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return tuple(r for r in rules if r != "trap")
+    return rules
 
 
 def _sharded(model: Any) -> bool:
@@ -216,7 +227,8 @@ class _Mender:
             return
         subject = _mend_subject(self.model)
         try:
-            report = _mend(subject, args, kwargs, rules=self.rules, verify=self.verify, grad=grad)
+            rules = _wrapper_rules(self.model, self.rules)
+            report = _mend(subject, args, kwargs, rules=rules, verify=self.verify, grad=grad)
         except EagerFailure as exc:  # the user's bad call: it raises on its own, the next one may mend
             self.tries += 1
             if self.tries >= MAX_TRIES:
