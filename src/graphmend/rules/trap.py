@@ -59,7 +59,7 @@ import contextlib
 import copy
 from typing import Any, Iterator
 
-from ..analysis import FunctionFacts, bound_before, function_impurities, speculation_blockers
+from ..analysis import FunctionFacts, bound_before, speculation_blockers
 from ..sites import LOG_METHODS, is_side_effect_call
 from ..source import definition_of, first_line, module_namespace, parse_file, statement_in
 from . import Decline, Rule, RewriteContext, register
