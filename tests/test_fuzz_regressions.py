@@ -384,18 +384,31 @@ def _fixture_program(name):
 
 
 @pytest.mark.parametrize(
-    "name, seed, start", [("fuzz_warning_line.py", 95, 7), ("fuzz_warning_line_capture.py", 177, 6)]
+    "name, seed, start, graphs, deferrals",
+    [("fuzz_warning_line.py", 95, 7, (3, 3), 4), ("fuzz_warning_line_capture.py", 177, 6, (8, 8), 3)],
 )
-def test_a_warning_on_a_path_not_taken_keeps_its_line_in_a_compiled_frame(name, seed, start):
+def test_a_warning_on_a_path_not_taken_keeps_its_line_in_a_compiled_frame(name, seed, start, graphs, deferrals):
     """Found by the fuzzer (seed 9): a `warnings.warn` the example input did not reach, in a function
     that breaks elsewhere, ran in a Dynamo resume function on later inputs and was reported at the line
-    above its own (counting and aot_eager arms). It is now deferred ahead, with the file and line it has."""
+    above its own (counting and aot_eager arms). It was then deferred ahead, with the file and line it
+    has (tests/test_defer.py keeps that on a small model).
+
+    Since issue 21 (never worse), both programs end as the original: the mended one had more
+    recompiles (the deferred warnings run in frames Dynamo compiles once per layer, and it guards
+    on the length of the record list): 3 graphs -> 7, 0 recompiles -> 3 (a skipped frame compiles
+    now), and with the capture setting 8 graphs -> 5, 0 recompiles -> 1. A rewrite that defers a
+    warning is not taken back alone (with the other rewrites in place, the warning would run in a
+    compiled frame the original does not have, at another line), so every rewrite is reverted,
+    and the warnings keep torch.compile's lines."""
     from fuzz.runner import check_program
 
     result = check_program(_fixture_program(name), seed=seed, start=start, aot=True)
-    assert result.status == "checked"
-    ahead = [r for _, rule, status, r in result.outcomes if rule == "defer" and status == "applied"]
-    assert any("no break seen here on the example inputs" in r for r in ahead)
+    assert result.status == "checked" and result.graphs == graphs
+    deferred = [(status, r) for _, rule, status, r in result.outcomes if rule == "defer"]
+    assert len(deferred) == deferrals and all(
+        s == "reverted" and r.endswith("(one that defers a warnings.warn is not taken back alone): every rewrite is reverted")
+        for s, r in deferred
+    ), deferred
     assert result.mismatches == [], result.mismatches[:2]
 
 
@@ -610,7 +623,7 @@ def test_a_warning_before_torch_assert_keeps_its_line():
 @pytest.mark.parametrize(
     "name, kept",
     [
-        ("TrapThenGuard", "barrier"),
+        ("TrapThenGuard", "reverted"),  # the break, in Guard's try, makes Dynamo skip its frame: never worse
         ("PrintThenGuard", "reverted"),
         ("PrintsThenGuard", "barrier"),
         ("PrintsThenHelper", "barrier"),

@@ -76,6 +76,11 @@ def records(node: ast.AST) -> set[str]:
     return {c.func.attr for c in ast.walk(node) if is_runtime_call(c, *RECORDS)}  # type: ignore[attr-defined]
 
 
+def guards(node: ast.AST) -> bool:
+    """Whether ``node`` keeps a graph break before an assert (``held``, ``barrier``)."""
+    return any(is_runtime_call(c, "held", "barrier") for c in ast.walk(node))
+
+
 def owners(located: engine.Located, model: Any) -> list[Any]:
     """The live modules whose class (or a base) runs the located function."""
     if not isinstance(model, torch.nn.Module):

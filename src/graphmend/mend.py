@@ -21,9 +21,13 @@ The pipeline, top to bottom (``mend_target``)::
         (barriers.py; ``report.kept`` says which)
     verify: observe mended (eager, inside a region) and compare
         on a difference: revert, then keep only the functions that verify alone
+    never worse: while the mended program has more graphs, recompiles or
+        abandoned frames than the original, take back the patch (or the
+        capture flags) whose removal helps most, measured (``_never_worse``)
 
 Every site ends with one outcome: ``applied``, ``declined`` (with the
-rule's reason), ``reverted`` (verification found a difference, shown), or
+rule's reason), ``reverted`` (verification found a difference, or the
+program got worse with it; shown), or
 ``out of scope`` (no rule addresses its category). A site that capture
 removes is ``applied`` by [scalar] with the flag named; the kept flags are
 ``report.capture`` and ``report.region()`` applies them around a call.
@@ -71,7 +75,7 @@ class SiteOutcome:
     code: str
     category: str
     rule: str | None
-    status: str  # applied | declined | reverted | out of scope
+    status: str  # applied | declined | reverted (a difference, or the program got worse) | out of scope
     reason: str
     notes: list[str] = field(default_factory=list)
 
@@ -533,6 +537,17 @@ def _mend_target(
             plain = _bisect(target, baseline, grad, mending, groups, outcomes)
             current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
             verified = True  # what remains installed verified on its own
+    taken = _never_worse(target, grad, before, current, capture, mending, groups, outcomes, kept)
+    if taken is not None:
+        current, capture = taken
+        # What is left never ran without the rewrites taken back (bisect verifies growing sets).
+        left = _verify(target, baseline, grad, mending.memo_attrs) if verified and mending.patches else []
+        if left:  # the original program
+            why = "with the rewrites that left the program worse reverted, the rest did not verify: "
+            why += "; ".join(left[:3])
+            _take_back(target, mending, groups, outcomes, set(range(len(mending.patches))), why, kept)
+            current, capture = before, _dropped(capture, why)
+        plain = _retrace(target, grad) if capture.flags else current
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
     _credit_capture(capture, plain, current, outcomes)
@@ -654,6 +669,132 @@ def _settle_held(target: Target, grad: bool, mending: Mending) -> None:
 
 def _kept(change: str, why: str) -> str:
     return f"a graph break goes before {change} whenever its test is a tensor (runtime.held): {why}"
+
+
+def _never_worse(
+    target: Target,
+    grad: bool,
+    before: ExplainReport,
+    current: ExplainReport,
+    capture: Capture,
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    kept: list[str],
+) -> tuple[ExplainReport, Capture] | None:
+    """Never leave the program worse than the original (``_worse``: more
+    graphs, recompiles or abandoned frames). A verified rewrite can still cost
+    graphs: Dynamo guards on the length of the region's record list, so a
+    frame that records and runs more than once per call (a resumed layer
+    body) compiles once per record count. Greedily, take back the patch (with
+    what cannot stay without it) or the capture flags whose removal, measured,
+    helps most, until the program is no worse; when none helps, everything
+    (the original program). None when nothing was taken back; else the report
+    as installed and the capture kept."""
+    if not _worse(current, before):
+        return None
+    while _worse(current, before) and (mending.patches or capture.flags):
+        worse = f"the mended program was worse than the original ({_shown(before)} -> {_shown(current)})"
+        ways = _ways_back(target, grad, capture, mending, groups, outcomes)
+        best = min(ways, key=lambda m: (_excess(m[0], before), _measure(m[0]), len(m[1])), default=None)
+        if best is not None and _excess(best[0], before) < _excess(current, before):
+            report, doomed, flags = best
+            what = "the capture flags" if not doomed else "this rewrite" if len(doomed) == 1 else "these rewrites"
+            reason = f"{worse}; without {what}: {_shown(report)}"
+        else:  # the original program
+            report, doomed, flags = before, set(range(len(mending.patches))), ()
+            reason = (
+                f"{worse}; taking back one rewrite or the capture flags alone makes it no less worse (one that "
+                "defers a warnings.warn is not taken back alone): every rewrite is reverted"
+            )
+        _take_back(target, mending, groups, outcomes, doomed, reason, kept)
+        capture = capture if flags == capture.flags else _dropped(capture, reason)
+        current = report
+    return (before if not mending.patches and not capture.flags else current), capture
+
+
+def _ways_back(
+    target: Target,
+    grad: bool,
+    capture: Capture,
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+) -> list[tuple[ExplainReport, set[int], tuple[str, ...]]]:
+    """Each way to take something back, measured and undone again: (report,
+    patches taken back, capture flags traced with). The capture flags dropped,
+    or one applied patch with what cannot stay without it. Not a patch that
+    defers a ``warnings.warn``: left in a frame Dynamo compiles, the warning
+    can report another line (README, torch issue), and with the other
+    rewrites installed that frame is not the original's; it goes only with
+    everything, when nothing else helps."""
+    ways = {frozenset(_with_dependants(mending, groups, outcomes, i))
+            for i in range(len(mending.patches)) if _applied_in(groups, outcomes, i)}
+    ways = {w for w in ways if not any(_defers_warning(mending.patches[i]) for i in w)}
+    trials = ([(set(), ())] if capture.flags else []) + [(set(doomed), capture.flags) for doomed in ways]
+    checkpoint, speculating = _Checkpoint(mending, groups, outcomes), target.speculating
+    measured = []
+    for doomed, flags in trials:
+        _take_back(target, mending, groups, outcomes, doomed, "")
+        with contextlib.suppress(Exception):  # a way that does not trace is no way back
+            measured.append((_retrace(target, grad, flags), doomed, flags))
+        checkpoint.restore()
+        target.speculating = speculating
+    return measured
+
+
+def _defers_warning(patch: engine.Patch) -> bool:
+    return patch.node is not None and "warn" in barriers.records(patch.node)
+
+
+def _applied_in(
+    groups: dict[int, list[tuple[str, int]]], outcomes: dict[tuple[str, int], SiteOutcome], index: int
+) -> bool:
+    """Whether patch ``index`` holds an applied site (not only graph breaks before asserts)."""
+    return any(outcomes[k].status == "applied" for k in groups.get(index, []) if k in outcomes)
+
+
+def _with_dependants(
+    mending: Mending, groups: dict[int, list[tuple[str, int]]], outcomes: dict[tuple[str, int], SiteOutcome], index: int
+) -> set[int]:
+    """Patch ``index`` and what cannot stay without it (barriers.py): when it
+    keeps graph breaks before asserts and others record, the rewrites that
+    record (its asserts would fail inside their graph, unguarded); once
+    nothing records, the patches that only keep such breaks."""
+    recording = {i for i, p in enumerate(mending.patches) if p.node is not None and barriers.records(p.node)}
+    node = mending.patches[index].node
+    doomed = {index} | (recording if node is not None and barriers.guards(node) else set())
+    if not recording - doomed:
+        doomed |= {i for i in range(len(mending.patches)) if not _applied_in(groups, outcomes, i)}
+    return doomed
+
+
+def _take_back(
+    target: Target,
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    doomed: set[int],
+    reason: str,
+    kept: list[str] | None = None,
+) -> None:
+    """Revert the patches ``doomed``; calls speculate only while a [Speculate]
+    site stays. With ``kept`` (the report's lines on asserts): when patches that
+    only keep graph breaks before asserts go, one line says why instead."""
+    if kept is not None and any(not _applied_in(groups, outcomes, i) for i in doomed):
+        breaks = "with the graph breaks before asserts kept for them"
+        kept[:] = [f"the rewrites that record ([defer], [trap]) are reverted, {breaks}: {reason}"]
+    _revert_patches(mending, groups, outcomes, doomed, reason)
+    target.speculating = target.speculating and any(
+        o.rule == SPECULATE_RULE and o.status == "applied" for o in outcomes.values()
+    )
+
+
+def _dropped(capture: Capture, reason: str) -> Capture:
+    """No capture flags, the decision's lines and why they were dropped."""
+    if not capture.flags:
+        return capture
+    return Capture(notes=capture.notes + [f"{' + '.join(capture.flags)}: dropped, {reason}"])
 
 
 class _Checkpoint:
@@ -927,8 +1068,23 @@ def _retrace(target: Target, grad: bool, flags: tuple[str, ...] = ()) -> Explain
     return trial.report
 
 
+def _measure(report: ExplainReport) -> tuple[int, int, int]:
+    return report.graphs, report.recompiles, report.frames_skipped
+
+
 def _worse(after: ExplainReport, before: ExplainReport) -> bool:
-    return after.graphs > before.graphs or after.recompiles > before.recompiles
+    """More graphs, more recompiles or more frames Dynamo abandoned than ``before``."""
+    return any(a > b for a, b in zip(_measure(after), _measure(before)))
+
+
+def _excess(after: ExplainReport, before: ExplainReport) -> int:
+    """How much worse ``after`` is than ``before``, summed over the three measures."""
+    return sum(max(0, a - b) for a, b in zip(_measure(after), _measure(before)))
+
+
+def _shown(report: ExplainReport) -> str:
+    graphs, recompiles, skipped = _measure(report)
+    return f"{graphs} graph(s), {recompiles} recompile(s), {skipped} frame(s) skipped"
 
 
 def _revert_rules(
@@ -944,6 +1100,18 @@ def _revert_rules(
         index for index, keys in groups.items()
         if any(outcomes[k].status == "applied" and outcomes[k].rule in rules for k in keys if k in outcomes)
     }
+    return _revert_patches(mending, groups, outcomes, doomed, reason)
+
+
+def _revert_patches(
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    doomed: set[int],
+    reason: str,
+) -> bool:
+    """Undo the patches at the indices ``doomed``; each applied site of those
+    patches becomes ``reverted`` with ``reason``. Whether any was undone."""
     if not doomed:
         return False
     kept: list[engine.Patch] = []
