@@ -384,31 +384,32 @@ def _fixture_program(name):
 
 
 @pytest.mark.parametrize(
-    "name, seed, start, graphs, deferrals",
-    [("fuzz_warning_line.py", 95, 7, (3, 3), 4), ("fuzz_warning_line_capture.py", 177, 6, (8, 8), 3)],
+    "name, seed, start, graphs, status",
+    [("fuzz_warning_line.py", 95, 7, (3, 3), ["reverted"] * 4), ("fuzz_warning_line_capture.py", 177, 6, (8, 4), ["applied"] * 3)],
 )
-def test_a_warning_on_a_path_not_taken_keeps_its_line_in_a_compiled_frame(name, seed, start, graphs, deferrals):
+def test_a_warning_on_a_path_not_taken_keeps_its_line_in_a_compiled_frame(name, seed, start, graphs, status):
     """Found by the fuzzer (seed 9): a `warnings.warn` the example input did not reach, in a function
     that breaks elsewhere, ran in a Dynamo resume function on later inputs and was reported at the line
     above its own (counting and aot_eager arms). It was then deferred ahead, with the file and line it
     has (tests/test_defer.py keeps that on a small model).
 
-    Since issue 21 (never worse), both programs end as the original: the mended one had more
-    recompiles (the deferred warnings run in frames Dynamo compiles once per layer, and it guards
-    on the length of the record list): 3 graphs -> 7, 0 recompiles -> 3 (a skipped frame compiles
-    now), and with the capture setting 8 graphs -> 5, 0 recompiles -> 1. A rewrite that defers a
-    warning is not taken back alone (with the other rewrites in place, the warning would run in a
-    compiled frame the original does not have, at another line), so every rewrite is reverted,
-    and the warnings keep torch.compile's lines."""
+    With the capture setting the mend keeps them (8 graphs -> 4). The other program, mended, compiled
+    a frame Dynamo skipped before (3 graphs with 3 frames skipped -> 4 with 2): more graphs, so since
+    issue 21 (never worse) it ends as the original. A rewrite that defers a warning is not taken back
+    alone (with the other rewrites in place, the warning would run in a compiled frame the original
+    does not have, at another line), so every rewrite is reverted, and the warnings keep
+    torch.compile's lines."""
     from fuzz.runner import check_program
 
     result = check_program(_fixture_program(name), seed=seed, start=start, aot=True)
     assert result.status == "checked" and result.graphs == graphs
-    deferred = [(status, r) for _, rule, status, r in result.outcomes if rule == "defer"]
-    assert len(deferred) == deferrals and all(
-        s == "reverted" and r.endswith("(one that defers a warnings.warn is not taken back alone): every rewrite is reverted")
-        for s, r in deferred
-    ), deferred
+    deferred = [(s, r) for _, rule, s, r in result.outcomes if rule == "defer"]
+    assert [s for s, _ in deferred] == status, deferred
+    if status[0] == "reverted":
+        assert all(r.endswith("(one that defers a warnings.warn is not taken back alone): every rewrite is reverted")
+                   for _, r in deferred), deferred
+    else:
+        assert any("no break seen here on the example inputs" in r for _, r in deferred), deferred
     assert result.mismatches == [], result.mismatches[:2]
 
 

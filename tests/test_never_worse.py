@@ -35,9 +35,11 @@ def _bitwise(a, b):
     return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
 
 
-def test_a_record_in_a_layer_body_both_layers_resume_is_reverted():
-    """[Defer] verifies, but Dynamo guards on the length of the record list:
-    the second layer's resume frame finds one record and compiles again."""
+def test_a_record_in_a_layer_body_both_layers_resume_compiles_once():
+    """Both layers run the same resume frame, which records a print. The runtime's
+    records are linked cells Dynamo guards by type only: with a list, Dynamo guarded
+    on its length, and the second layer, finding one record, compiled the frame
+    again (2 graphs -> 3, 1 recompile), which the guard below then had to revert."""
     from never_worse import Layer, build
 
     model, args, _ = build()
@@ -48,25 +50,37 @@ def test_a_record_in_a_layer_body_both_layers_resume_is_reverted():
     assert report.verified is True
     line = Layer.forward.__code__.co_firstlineno
     assert [(o.rule, o.line, o.status) for o in report.outcomes] == [
-        ("where", line + 1, "declined"), ("defer", line + 2, "reverted"),
+        ("where", line + 1, "declined"), ("defer", line + 2, "applied"),
     ]
-    assert report.outcomes[1].reason == _worse(
-        "2 graph(s), 0 recompile(s), 0 frame(s) skipped", "3 graph(s), 1 recompile(s), 0 frame(s) skipped"
-    )
-    assert counting_graphs(model, args) == 2  # what is installed is what was reported
     backend = CountingBackend()
     compiled = graphmend.compile(model, backend=backend)
-    mended = run(compiled, *args)
+    for _ in range(3):
+        mended = run(compiled, *args)
+        assert _bitwise(eager.output, mended.output) and mended.stdout == eager.stdout == "layer: finite\n" * 2
     assert len(backend.graphs) == 2
-    assert _bitwise(eager.output, mended.output) and mended.stdout == eager.stdout == "layer: finite\n" * 2
 
 
-def test_a_deferred_warning_is_taken_back_only_with_everything():
-    """The same with a warnings.warn: taken back alone, it would run in a frame Dynamo
-    compiles, where a warning can report another line; here it is the only rewrite, so
-    the program is the original."""
+def _defers_with_a_graph_break(real):
+    """A faulty [Defer]: the effect deferred, then an op (``h * 1``, exact) and a graph
+    break after it (at its line), so the break ends a graph of its own."""
+
+    def rewrite(self, stmt, ctx):
+        extra = ast.parse("h = h * 1\ntorch._dynamo.graph_break()").body
+        for node in (n for e in extra for n in ast.walk(e)):
+            ast.copy_location(node, stmt)
+        return [*real(self, stmt, ctx), *extra]
+
+    return rewrite
+
+
+def test_a_deferred_warning_is_taken_back_only_with_everything(monkeypatch):
+    """A rewrite that defers a warnings.warn and leaves more graphs: taken back alone,
+    the warning would run in a frame Dynamo compiles, where a warning can report another
+    line; here it is the only rewrite, so the program is the original."""
+    from graphmend.rules.defer import Defer
     from never_worse import Model, WarningLayer, build
 
+    monkeypatch.setattr(Defer, "rewrite", _defers_with_a_graph_break(Defer.rewrite))
     model, args, _ = build(Model, WarningLayer)
     eager = run(model, *args)
     report = graphmend.mend(model, *args)
@@ -74,9 +88,9 @@ def test_a_deferred_warning_is_taken_back_only_with_everything():
     assert [(o.rule, o.line, o.status) for o in report.outcomes] == [
         ("where", line + 2, "declined"), ("defer", line + 3, "reverted"),
     ]
-    assert report.outcomes[1].reason == (
-        "the mended program was worse than the original (2 graph(s), 0 recompile(s), 0 frame(s) skipped -> "
-        "3 graph(s), 1 recompile(s), 0 frame(s) skipped); taking back one rewrite or the capture flags alone "
+    assert report.outcomes[1].reason.startswith("the mended program was worse than the original (2 graph(s)")
+    assert report.outcomes[1].reason.endswith(
+        "taking back one rewrite or the capture flags alone "
         "makes it no less worse (one that defers a warnings.warn is not taken back alone): every rewrite is reverted"
     )
     assert report.after is report.before and counting_graphs(model, args) == 2
@@ -170,9 +184,10 @@ def test_what_goes_with_a_patch_keeps_every_recorded_assert_guarded():
 @pytest.mark.slow
 @pytest.mark.skipif(not has_transformers(), reason="needs transformers==4.52.4")
 def test_musicgen_is_no_worse():
-    """Held out (issue 21): MusicgenSdpaAttention.forward breaks on the empty-mask
-    test (line 458, [Where] declines) in both layers, and its deferred
-    warning_once (line 461) made the resumed frame compile twice: 8 -> 9 graphs."""
+    """Held out (issue 21): MusicgenSdpaAttention.forward breaks on the empty-mask test
+    (line 458, [Where] declines) in both layers, and its deferred warning_once (line 461)
+    made the resumed frame compile twice (8 -> 9 graphs) while the runtime kept its
+    records in a list (Dynamo guarded on its length); with linked cells it compiles once."""
     import transformers
 
     torch.manual_seed(0)
@@ -187,13 +202,10 @@ def test_musicgen_is_no_worse():
     assert (report.before.graphs, report.before.recompiles, report.before.frames_skipped) == (8, 0, 2)
     assert (report.after.graphs, report.after.recompiles, report.after.frames_skipped) == (8, 0, 2)
     assert report.verified is True
-    reverted = [o for o in report.outcomes if o.status == "reverted"]
-    assert [(o.rule, o.path, o.line) for o in reverted] == [
-        ("defer", "transformers/models/musicgen/modeling_musicgen.py", 461),
+    assert [o for o in report.outcomes if o.status == "reverted"] == []
+    assert ("defer", "transformers/models/musicgen/modeling_musicgen.py", 461, "applied") in [
+        (o.rule, o.path, o.line, o.status) for o in report.outcomes
     ]
-    assert reverted[0].reason == _worse(
-        "8 graph(s), 0 recompile(s), 2 frame(s) skipped", "9 graph(s), 1 recompile(s), 2 frame(s) skipped"
-    )
     assert counting_graphs(model, (input_ids,)) == 8
     mended = run(model, input_ids)
     assert _bitwise(eager.output, mended.output) and mended.effects() == eager.effects()

@@ -255,7 +255,10 @@ class _Mender:
             return
         try:
             with _MENDING, quiet():
-                self.reports[grad] = report_in_mode(self.reports[not grad], mending, grad, args, kwargs)
+                report, changed = report_in_mode(self.reports[not grad], mending, grad, args, kwargs)
+            if changed:  # rewrites were taken back: the other mode's report is out of date
+                self.reports.clear()
+            self.reports[grad] = report
         except EagerFailure:  # this call raises on its own: the next one in this mode measures
             return
         except Exception as exc:  # the mended code stays; the report says what it could

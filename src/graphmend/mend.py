@@ -173,6 +173,7 @@ class Mending:
         self.memo_attrs: set[str] = set()  # attributes rewrites may create early (not state differences)
         self.target: Target | None = None  # what was mended, with its example inputs
         self.report: MendReport | None = None  # set by the API that made it
+        self.groups: dict[int, list[tuple[str, int]]] = {}  # patch index -> the sites it applies
 
     @contextlib.contextmanager
     def original_code(self) -> Any:
@@ -537,22 +538,16 @@ def _mend_target(
             plain = _bisect(target, baseline, grad, mending, groups, outcomes)
             current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
             verified = True  # what remains installed verified on its own
-    taken = _never_worse(target, grad, before, current, capture, mending, groups, outcomes, kept)
+    taken = _no_worse(target, grad, before, current, capture, mending, groups, outcomes, kept,
+                      baseline if verified else None)
     if taken is not None:
         current, capture = taken
-        # What is left never ran without the rewrites taken back (bisect verifies growing sets).
-        left = _verify(target, baseline, grad, mending.memo_attrs) if verified and mending.patches else []
-        if left:  # the original program
-            why = "with the rewrites that left the program worse reverted, the rest did not verify: "
-            why += "; ".join(left[:3])
-            _take_back(target, mending, groups, outcomes, set(range(len(mending.patches))), why, kept)
-            current, capture = before, _dropped(capture, why)
         plain = _retrace(target, grad) if capture.flags else current
     if mending.memo_attrs and mending.patches:
         _prefill_memos(target, grad, mending.memo_attrs, outcomes)
     _credit_capture(capture, plain, current, outcomes)
     _note_still_breaking(outcomes.values(), current)
-    mending.target = target
+    mending.target, mending.groups = target, groups
     report = MendReport(
         target=target.name,
         before=before,
@@ -582,19 +577,60 @@ def _note_still_breaking(outcomes: Iterable[SiteOutcome], current: ExplainReport
             outcome.notes.append(_STILL + remaining[(outcome.file, outcome.line)].reason)
 
 
-def report_in_mode(report: MendReport, mending: Mending, grad: bool, args: tuple, kwargs: dict) -> MendReport:
+def report_in_mode(
+    report: MendReport, mending: Mending, grad: bool, args: tuple, kwargs: dict
+) -> tuple[MendReport, bool]:
     """``report``'s mending measured with autograd ``grad`` on a call's inputs:
-    the original and the mended program traced in that mode, the rewrites as
-    they are (a [Where] rewrite runs the original branch under grad, say)."""
+    the original and the mended program traced in that mode (a [Where]
+    rewrite runs the original branch under grad, say), and never worse there
+    either (``_no_worse``). Returns the report and whether rewrites were taken
+    back (a report of the other mode is then out of date)."""
     assert mending.target is not None, "a mending knows its target once mend_target returns"
     target = dataclasses.replace(mending.target, args=tuple(args), kwargs=dict(kwargs))
+    outcomes = {(o.file, o.line): _copy_outcome(o) for o in report.outcomes}
+    kept, capture = list(report.kept), report.capture
     with random_state_kept():
         with mending.original_code():
             before = explain_target(target, grad=grad)
-        after = _retrace(target, grad, report.capture.flags)
-    outcomes = [_copy_outcome(o) for o in report.outcomes]
-    _note_still_breaking(outcomes, after)
-    return dataclasses.replace(report, before=before, after=after, outcomes=outcomes, grad=grad)
+            baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad)
+        after = _retrace(target, grad, capture.flags)
+        taken = _no_worse(target, grad, before, after, capture, mending, mending.groups, outcomes, kept,
+                          baseline if report.verified else None)
+    if taken is not None:
+        after, capture = taken
+    _note_still_breaking(outcomes.values(), after)
+    mended = dataclasses.replace(
+        report, before=before, after=after, capture=capture, kept=kept, grad=grad,
+        outcomes=sorted(outcomes.values(), key=lambda o: (o.path, o.line)),
+    )
+    return mended, taken is not None
+
+
+def _no_worse(
+    target: Target,
+    grad: bool,
+    before: ExplainReport,
+    current: ExplainReport,
+    capture: Capture,
+    mending: Mending,
+    groups: dict[int, list[tuple[str, int]]],
+    outcomes: dict[tuple[str, int], SiteOutcome],
+    kept: list[str],
+    baseline: Observation | None,
+) -> tuple[ExplainReport, Capture] | None:
+    """``_never_worse``, then what is left verified against ``baseline`` (it
+    never ran without the rewrites taken back; bisect verifies growing sets):
+    when it differs, the original program. None when nothing was taken back."""
+    taken = _never_worse(target, grad, before, current, capture, mending, groups, outcomes, kept)
+    if taken is None:
+        return None
+    current, capture = taken
+    left = _verify(target, baseline, grad, mending.memo_attrs) if baseline is not None and mending.patches else []
+    if left:
+        why = "with the rewrites that left the program worse reverted, the rest did not verify: " + "; ".join(left[:3])
+        _take_back(target, mending, groups, outcomes, set(range(len(mending.patches))), why, kept)
+        current, capture = before, _dropped(capture, why)
+    return current, capture
 
 
 def _guard_held_asserts(

@@ -12,7 +12,7 @@ the records are performed in FIFO order. Outside a region they perform the
 effect at once, exactly as the original code did, so an eager call of a
 mended function behaves like the original.
 
-Dynamo traces these functions: the record is a list append whose tensors
+Dynamo traces these functions: the record is a new cell of a linked list whose tensors
 become graph outputs, so the compiled region has no break. Regions are
 serialised by one process-wide lock: records of two threads can never mix.
 
@@ -67,15 +67,46 @@ Site = tuple  # (module __name__, line, function name)
 API_VERSION = 1
 
 
-class _State:
-    """Process-wide deferral state; ``sink`` is a fresh list per region."""
+class _Cell:
+    """One record of a region and the cell before it (see ``_State.sink``)."""
 
-    sink: list | None = None
+    def __init__(self, record: Any, older: Any) -> None:
+        self.record = record
+        self.older = older
+
+
+# The first cell of every region's records.
+_START = _Cell(None, None)
+
+
+class _State:
+    """Process-wide deferral state.
+
+    ``sink`` holds the region's records, newest first, as linked cells
+    (``_Cell``: a record, the older cell) ending in ``_START``; None outside
+    a region.
+    Traced code adds a record by rebinding ``sink`` to a new cell and never
+    looks inside one, so Dynamo has nothing to guard on but the attribute's
+    type. (A list would do, but Dynamo guards on a list's length: a frame that
+    records and runs more than once per call, a layer compiled as a frame of
+    its own, would compile once per record count.)"""
+
+    sink: _Cell | None = None
     owner: int | None = None
     depth: int = 0
-    done: int = 0  # records of ``sink`` already performed (before an effect that was not deferred)
+    performed: _Cell = _START  # the newest cell performed already (before an effect that was not deferred)
     flushing: bool = False
     speculating: bool = False  # [Speculate] may guess host values in this region (``call``)
+
+
+def _records(head: _Cell | None, stop: _Cell = _START) -> list:
+    """The records of the cells from ``head`` back to ``stop``, oldest first."""
+    out = []
+    while head is not None and head is not stop and head is not _START:
+        out.append(head.record)
+        head = head.older
+    out.reverse()
+    return out
 
 
 _STATE = _State()
@@ -112,8 +143,8 @@ def region(speculating: bool = False) -> Iterator[None]:
     outermost = _STATE.depth == 0
     if outermost:
         _refresh_levels()
-        _STATE.sink = []
-        _STATE.done = 0
+        _STATE.sink = _START
+        _STATE.performed = _START
         _STATE.owner = threading.get_ident()
         _STATE.speculating = speculating
         _watch()
@@ -130,7 +161,7 @@ def region(speculating: bool = False) -> Iterator[None]:
         guessed = False
         if outermost:
             _unwatch()
-            records = (_STATE.sink or [])[_STATE.done:]
+            records = _records(_STATE.sink, _STATE.performed)
             guessed = _STATE.speculating
             _STATE.sink = None
             _STATE.owner = None
@@ -171,10 +202,10 @@ def _before_effect(origin: str | None = None) -> None:
             return  # torch's own message (a recompile warning): not the model's effect
         RERUNS["effect"] += 1
         raise Mispredicted(again=False)
-    if _STATE.done >= len(sink):
+    records = _records(sink, _STATE.performed)
+    if not records:
         return
-    records = sink[_STATE.done:]
-    _STATE.done = len(sink)  # a set trap raises below: what follows it is never performed
+    _STATE.performed = sink  # a set trap raises below: what follows it is never performed
     _STATE.flushing = True
     try:
         flush(records)
@@ -301,17 +332,21 @@ def _refuse_export(site: Site, what: str, why: str) -> None:
     )
 
 
-def _sink() -> list | None:
+def _recording() -> bool:
+    """Whether a deferred call records (``_push``) instead of acting at once."""
     if torch.compiler.is_exporting():
-        return None  # torch.export: nothing is recorded (see "Export" in the module doc)
-    sink = _STATE.sink
-    if sink is None:
+        return False  # torch.export: nothing is recorded (see "Export" in the module doc)
+    if _STATE.sink is None:
         if torch.compiler.is_compiling():
             _note_unguarded()
-        return None
+        return False
     if not torch.compiler.is_compiling() and _STATE.owner != threading.get_ident():
-        return None  # an eager call from another thread: not this region's effect
-    return sink
+        return False  # an eager call from another thread: not this region's effect
+    return True
+
+
+def _push(record: tuple) -> None:
+    _STATE.sink = _Cell(record, _STATE.sink)
 
 
 # --------------------------------------------------------------------------
@@ -358,12 +393,11 @@ def lazy(kind: str, value: Any) -> Any:
 
 def print_(site: Site, args: tuple, kwargs: dict) -> None:
     """``print(*args, **kwargs)``."""
-    sink = _sink()
-    if sink is None:
+    if not _recording():
         _exported(site, "print")
         _print_now(args, kwargs)
     else:
-        sink.append(("print", site, None, None, _snap(args), _snap(kwargs)))
+        _push(("print", site, None, None, _snap(args), _snap(kwargs)))
 
 
 _LEVELS = {
@@ -404,23 +438,21 @@ def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict) -> None
         _exported(site, f"call of `{method}`")
         _perform_call(logger, method, args, kwargs)
         return
-    sink = _sink()
-    if sink is None:
+    if not _recording():
         _exported(site, f"`logger.{method}` call")
         _log_now(site, logger, method, args, kwargs)
         return
     if _ENABLED.get(site, True):
-        sink.append(("log", site, logger, method, _snap(args), _snap(kwargs)))
+        _push(("log", site, logger, method, _snap(args), _snap(kwargs)))
 
 
 def warn(site: Site, args: tuple, kwargs: dict) -> None:
     """``warnings.warn(*args, **kwargs)`` (stacklevel 1)."""
-    sink = _sink()
-    if sink is None:
+    if not _recording():
         _exported(site, "`warnings.warn` call")
         _warn_now(site, args, kwargs)
     else:
-        sink.append(("warn", site, None, None, _snap(args), _snap(kwargs)))
+        _push(("warn", site, None, None, _snap(args), _snap(kwargs)))
 
 
 # --------------------------------------------------------------------------
@@ -590,12 +622,11 @@ def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
     if torch.compiler.is_exporting():
         _export_trap(site, flag, exc_type, args)
         return
-    sink = _sink()
-    if sink is None:
+    if not _recording():
         if bool(flag):
             raise exc_type(*_resolve(args))
         return
-    sink.append(("trap", site, exc_type, None, (flag,), _snap(args)))
+    _push(("trap", site, exc_type, None, (flag,), _snap(args)))
 
 
 def _export_trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
@@ -647,14 +678,13 @@ def speculate(site: Site, value: Any) -> Any:
             _PREDICTED.setdefault(site, result)  # learn: eagerly, in a region
         return result
     guess = _PREDICTED.get(site)
-    sink = _sink()
-    if sink is None or value.dtype not in _GUESSABLE or value.numel() != 1:
+    if not _recording() or value.dtype not in _GUESSABLE or value.numel() != 1:
         return value.item()
     if not _STATE.speculating or guess is None:
         # Not guessing (a rerun, a plain region): the value read is the next guess.
-        sink.append(("observe", site, None, None, (value.detach().clone(),), None))
+        _push(("observe", site, None, None, (value.detach().clone(),), None))
         return value.item()
-    sink.append(("speculate", site, guess, None, (value.detach().clone(),), None))
+    _push(("speculate", site, guess, None, (value.detach().clone(),), None))
     return guess
 
 
