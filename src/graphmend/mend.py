@@ -538,8 +538,8 @@ def _mend_target(
             plain = _bisect(target, baseline, grad, mending, groups, outcomes)
             current, capture = _with_capture(target, grad, plain, capture_on, outcomes)
             verified = True  # what remains installed verified on its own
-    taken = _no_worse(target, grad, before, current, capture, mending, groups, outcomes, kept,
-                      baseline if verified else None)
+    taken = _never_worse(target, grad, before, current, capture, mending, groups, outcomes, kept,
+                         baseline if verified else None)
     if taken is not None:
         current, capture = taken
         plain = _retrace(target, grad) if capture.flags else current
@@ -583,7 +583,7 @@ def report_in_mode(
     """``report``'s mending measured with autograd ``grad`` on a call's inputs:
     the original and the mended program traced in that mode (a [Where]
     rewrite runs the original branch under grad, say), and never worse there
-    either (``_no_worse``). Returns the report and whether rewrites were taken
+    either (``_never_worse``). Returns the report and whether rewrites were taken
     back (a report of the other mode is then out of date)."""
     assert mending.target is not None, "a mending knows its target once mend_target returns"
     target = dataclasses.replace(mending.target, args=tuple(args), kwargs=dict(kwargs))
@@ -594,8 +594,8 @@ def report_in_mode(
             before = explain_target(target, grad=grad)
             baseline = observe(target.model, target.args, target.kwargs, in_region=False, grad=grad)
         after = _retrace(target, grad, capture.flags)
-        taken = _no_worse(target, grad, before, after, capture, mending, mending.groups, outcomes, kept,
-                          baseline if report.verified else None)
+        taken = _never_worse(target, grad, before, after, capture, mending, mending.groups, outcomes, kept,
+                             baseline if report.verified else None)
     if taken is not None:
         after, capture = taken
     _note_still_breaking(outcomes.values(), after)
@@ -604,33 +604,6 @@ def report_in_mode(
         outcomes=sorted(outcomes.values(), key=lambda o: (o.path, o.line)),
     )
     return mended, taken is not None
-
-
-def _no_worse(
-    target: Target,
-    grad: bool,
-    before: ExplainReport,
-    current: ExplainReport,
-    capture: Capture,
-    mending: Mending,
-    groups: dict[int, list[tuple[str, int]]],
-    outcomes: dict[tuple[str, int], SiteOutcome],
-    kept: list[str],
-    baseline: Observation | None,
-) -> tuple[ExplainReport, Capture] | None:
-    """``_never_worse``, then what is left verified against ``baseline`` (it
-    never ran without the rewrites taken back; bisect verifies growing sets):
-    when it differs, the original program. None when nothing was taken back."""
-    taken = _never_worse(target, grad, before, current, capture, mending, groups, outcomes, kept)
-    if taken is None:
-        return None
-    current, capture = taken
-    left = _verify(target, baseline, grad, mending.memo_attrs) if baseline is not None and mending.patches else []
-    if left:
-        why = "with the rewrites that left the program worse reverted, the rest did not verify: " + "; ".join(left[:3])
-        _take_back(target, mending, groups, outcomes, set(range(len(mending.patches))), why, kept)
-        current, capture = before, _dropped(capture, why)
-    return current, capture
 
 
 def _guard_held_asserts(
@@ -717,6 +690,7 @@ def _never_worse(
     groups: dict[int, list[tuple[str, int]]],
     outcomes: dict[tuple[str, int], SiteOutcome],
     kept: list[str],
+    baseline: Observation | None,
 ) -> tuple[ExplainReport, Capture] | None:
     """Never leave the program worse than the original (``_worse``: more
     graphs, recompiles or abandoned frames). A verified rewrite can still cost
@@ -725,8 +699,10 @@ def _never_worse(
     body) compiles once per record count. Greedily, take back the patch (with
     what cannot stay without it) or the capture flags whose removal, measured,
     helps most, until the program is no worse; when none helps, everything
-    (the original program). None when nothing was taken back; else the report
-    as installed and the capture kept."""
+    (the original program). What is left is verified against ``baseline``
+    (when given): it never ran without the rewrites taken back, and when it
+    differs, the original program. None when nothing was taken back; else the
+    report as installed and the capture kept."""
     if not _worse(current, before):
         return None
     while _worse(current, before) and (mending.patches or capture.flags):
@@ -746,6 +722,12 @@ def _never_worse(
         _take_back(target, mending, groups, outcomes, doomed, reason, kept)
         capture = capture if flags == capture.flags else _dropped(capture, reason)
         current = report
+    # What is left never ran without the rewrites taken back (bisect verifies growing sets).
+    left = _verify(target, baseline, grad, mending.memo_attrs) if baseline is not None and mending.patches else []
+    if left:
+        why = "with the rewrites that left the program worse reverted, the rest did not verify: " + "; ".join(left[:3])
+        _take_back(target, mending, groups, outcomes, set(range(len(mending.patches))), why, kept)
+        current, capture = before, _dropped(capture, why)
     return (before if not mending.patches and not capture.flags else current), capture
 
 
