@@ -7,9 +7,9 @@ must not reach the user:
 * **Output.** ``captured()`` collects what the calls print (``sys.stdout``,
   ``sys.stderr``), log (``logging.Logger.handle``) and warn
   (``warnings._showwarnmsg``) on the thread that runs them, and only there.
-  While any thread captures, those three channels are routed per thread:
-  every other thread's prints, log records and warnings go where they always
-  go, at once. (Swapping ``sys.stdout`` for the whole process, as
+  From the first capture on, those three channels are routed per thread:
+  every other thread's prints, log records and warnings, and all of them
+  outside a capture, go where they always go, at once. (Swapping ``sys.stdout`` for the whole process, as
   ``contextlib.redirect_stdout`` does, would swallow what other threads of a
   server print while the first call mends.) torch's own log records pass
   through: discovery reads Dynamo's from its handler. Once-only logger
@@ -58,10 +58,9 @@ class Effects:
     once: dict[str, Callable] = field(default_factory=dict)  # private caches of once-only logger methods
 
 
-# thread ident -> its open captures, innermost last; routing is installed while this is not empty
+# thread ident -> its open captures, innermost last
 _CAPTURES: dict[int, list[Effects]] = {}
 _GUARD = threading.Lock()
-_SAVED: dict[str, Any] = {}
 
 
 def _current() -> Effects | None:
@@ -70,12 +69,13 @@ def _current() -> Effects | None:
 
 
 class _Router:
-    """``sys.stdout`` / ``sys.stderr`` while a thread captures: that thread's
-    writes go to its capture, every other thread's to the stream itself."""
+    """``sys.stdout`` / ``sys.stderr`` from the first capture on: a capturing
+    thread's writes go to its capture, every other write to the stream itself."""
 
     def __init__(self, name: str, inner: Any) -> None:
         self._name = name
         self._inner = inner
+        self._graphmend = "isolation"
 
     def _target(self) -> Any:
         effects = _current()
@@ -94,22 +94,33 @@ class _Router:
         return getattr(self._inner, name)
 
 
-def _handle(logger: logging.Logger, record: logging.LogRecord) -> None:
-    effects = _current()
-    if effects is None or record.name.startswith("torch."):
-        _SAVED["handle"](logger, record)
-        return
-    effects.records.append(
-        (record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage())
-    )
+def _tagged(fn: Any, inner: Any) -> Any:
+    fn._inner, fn._graphmend = inner, "isolation"
+    return fn
 
 
-def _showwarnmsg(message: Any) -> None:
-    effects = _current()
-    if effects is None:
-        _SAVED["showwarnmsg"](message)
-        return
-    effects.warnings.append((message.category.__name__, str(message.message), message.filename, message.lineno))
+def _handle_router(inner: Callable) -> Callable:
+    def handle(logger: logging.Logger, record: logging.LogRecord) -> None:
+        effects = _current()
+        if effects is None or record.name.startswith("torch."):
+            inner(logger, record)
+            return
+        effects.records.append(
+            (record.name, record.levelno, record.pathname, record.lineno, record.funcName, record.getMessage())
+        )
+
+    return _tagged(handle, inner)
+
+
+def _showwarnmsg_router(inner: Callable) -> Callable:
+    def showwarnmsg(message: Any) -> None:
+        effects = _current()
+        if effects is None:
+            inner(message)
+            return
+        effects.warnings.append((message.category.__name__, str(message.message), message.filename, message.lineno))
+
+    return _tagged(showwarnmsg, inner)
 
 
 def _once_router(name: str, original: Callable) -> Callable:
@@ -124,48 +135,43 @@ def _once_router(name: str, original: Callable) -> Callable:
             effects.once[name] = functools.lru_cache(None)(raw)
         return effects.once[name](self, *args, **kwargs)
 
-    return route
+    return _tagged(route, original)
 
 
-def _install() -> None:
-    _SAVED.clear()
+def _route() -> None:
+    """Route the channels per thread (at every capture's start; see the module doc).
+
+    Routers are installed once and left in place: with no capture they only
+    pass through. (Putting them back when the last capture ended went wrong
+    with threads: a deferral region of another thread that opened meanwhile
+    had wrapped the router, and restored it later.) Installed again only
+    where something replaced them since, and for once-only logger methods a
+    library defined since (transformers, imported while capturing)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _Router):
-            _SAVED[name] = router = _Router(name, stream)
-            setattr(sys, name, router)
-    _SAVED["handle"] = logging.Logger.handle
-    logging.Logger.handle = _handle  # type: ignore[method-assign]
-    _SAVED["showwarnmsg"] = warnings._showwarnmsg  # type: ignore[attr-defined]
-    warnings._showwarnmsg = _showwarnmsg  # type: ignore[attr-defined]
-
-
-def _route_once_methods() -> None:
-    """Route the once-only logger methods defined so far (at every capture's
-    start: a library imported while capturing, transformers say, adds them)."""
+        if stream is not None and not _routed(stream):
+            setattr(sys, name, _Router(name, stream))
+    if not _routed(logging.Logger.handle):
+        logging.Logger.handle = _handle_router(logging.Logger.handle)  # type: ignore[method-assign]
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is not None and not _routed(show):
+        warnings._showwarnmsg = _showwarnmsg_router(show)  # type: ignore[attr-defined]
     for name in _ONCE_METHODS:
         method = vars(logging.Logger).get(name)
-        if getattr(method, "__wrapped__", None) is not None and hasattr(method, "cache_clear"):
-            _SAVED[f"once:{name}"] = method
+        if hasattr(method, "cache_clear") and getattr(method, "__wrapped__", None) is not None and not _routed(method):
             setattr(logging.Logger, name, _once_router(name, method))
 
 
-def _uninstall() -> None:
-    """Put back what ``_install`` replaced, unless something replaced it since
-    (that owner restores it; the router left below it only passes through)."""
-    for name in ("stdout", "stderr"):
-        router = _SAVED.get(name)
-        if router is not None and getattr(sys, name) is router:
-            setattr(sys, name, router._inner)
-    if logging.Logger.handle is _handle:
-        logging.Logger.handle = _SAVED["handle"]  # type: ignore[method-assign]
-    if warnings._showwarnmsg is _showwarnmsg:  # type: ignore[attr-defined]
-        warnings._showwarnmsg = _SAVED["showwarnmsg"]  # type: ignore[attr-defined]
-    for name in _ONCE_METHODS:
-        saved = _SAVED.get(f"once:{name}")
-        if saved is not None and getattr(vars(logging.Logger).get(name), "__wrapped__", None) is saved.__wrapped__:
-            setattr(logging.Logger, name, saved)
-    _SAVED.clear()
+def _routed(obj: Any) -> bool:
+    """Whether a router is ``obj`` or lies below it (graphmend's wrappers keep what they wrap as ``_inner``)."""
+    for _ in range(64):
+        own = getattr(obj, "__dict__", None)
+        if not isinstance(own, dict):
+            return False
+        if own.get("_graphmend") == "isolation":
+            return True
+        obj = own.get("_inner")
+    return False
 
 
 @contextlib.contextmanager
@@ -174,9 +180,7 @@ def captured() -> Iterator[Effects]:
     effects = Effects()
     ident = threading.get_ident()
     with _GUARD:
-        if not _CAPTURES:
-            _install()
-        _route_once_methods()
+        _route()
         _CAPTURES.setdefault(ident, []).append(effects)
         warnings._filters_mutated()  # type: ignore[attr-defined]
     try:
@@ -188,8 +192,6 @@ def captured() -> Iterator[Effects]:
             if not stack:
                 del _CAPTURES[ident]
             warnings._filters_mutated()  # type: ignore[attr-defined]
-            if not _CAPTURES:
-                _uninstall()
 
 
 # --------------------------------------------------------------------------

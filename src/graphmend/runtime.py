@@ -19,13 +19,15 @@ serialised by one process-wide lock: records of two threads can never mix.
 **Effects that were not deferred.** A print, warning or log call that no
 rule rewrote (a callee's, on a path the example inputs did not take; a
 library's) runs at once. Deferred output must never be overtaken by it, so
-while a region is open graphmend watches the three channels such effects go
-through (``sys.stdout`` / ``sys.stderr``, ``warnings._showwarnmsg`` and the
-log record factory): on the region's thread, the first write, shown warning or
-created log record performs the records made so far (a set trap among them
-raises there, before the effect, as the eager code would have) and then lets
-the effect through. Writes that bypass Python (a C extension's) are not seen,
-nor are torch's own warnings and logs while it compiles.
+from the first region on graphmend watches the three channels such effects
+go through (``sys.stdout`` / ``sys.stderr``, ``warnings._showwarnmsg`` and
+the log record factory): on a region's thread, the first write, shown
+warning or created log record performs the records made so far (a set trap
+among them raises there, before the effect, as the eager code would have)
+and then lets the effect through. Outside a region, and on other threads,
+the watchers only pass it through; they stay installed (see ``_watch``).
+Writes that bypass Python (a C extension's) are not seen, nor are torch's
+own warnings and logs while it compiles.
 
 **Speculation.** ``call(fn, ...)`` runs ``fn`` in a speculating region:
 a [Speculate] site (``speculate``) returns the value it had last as a
@@ -160,7 +162,6 @@ def region(speculating: bool = False) -> Iterator[None]:
         records: list = []
         guessed = False
         if outermost:
-            _unwatch()
             records = _records(_STATE.sink, _STATE.performed)
             guessed = _STATE.speculating
             _STATE.sink = None
@@ -214,11 +215,13 @@ def _before_effect(origin: str | None = None) -> None:
 
 
 class _Stream:
-    """``sys.stdout`` / ``sys.stderr`` while a region is open: a write performs
-    the records made so far first. Everything else is the stream's own."""
+    """``sys.stdout`` / ``sys.stderr`` once a region has opened: a write of the
+    region's thread performs the records made so far first. Everything else,
+    and every write outside a region, is the stream's own."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._graphmend = "runtime"
 
     @torch.compiler.disable
     def write(self, text: str) -> int:
@@ -234,60 +237,64 @@ class _Stream:
         return getattr(self._inner, name)
 
 
-class _Watch:
-    """What ``_watch`` replaced, to put back; one proxy per stream is kept, so
-    code that reads ``sys.stdout`` sees the same object on every call."""
+def _watching(obj: Any, tag: str) -> bool:
+    """Whether a wrapper tagged ``tag`` is ``obj`` or lies below it: graphmend's
+    wrappers of a channel keep what they wrap as ``_inner`` (the runtime's
+    and those graphmend's analysis puts there while it runs the model)."""
+    for _ in range(64):
+        own = getattr(obj, "__dict__", None)
+        if not isinstance(own, dict):
+            return False
+        if own.get("_graphmend") == tag:
+            return True
+        obj = own.get("_inner")
+    return False
 
-    streams: dict[str, _Stream] = {}
-    saved: dict[str, Any] = {}
+
+def _tagged(fn: Any, inner: Any) -> Any:
+    fn._inner, fn._graphmend = inner, "runtime"
+    return fn
+
+
+def _watch() -> None:
+    """Watch the three channels an effect that was not deferred goes through.
+
+    Installed once and left in place: outside a region, and on other threads,
+    the watchers only pass through. (Putting them back when each region closed
+    went wrong with threads: a thread that swapped ``sys.stdout`` meanwhile,
+    graphmend's own analysis of another model say, had saved the watcher as
+    the stream to restore.) Installed again only where something replaced
+    them since."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not _watching(stream, "runtime"):
+            setattr(sys, name, _Stream(stream))
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is not None and not _watching(show, "runtime"):
+        warnings._showwarnmsg = _tagged(_show_watcher(show), show)  # type: ignore[attr-defined]
+    factory = logging.getLogRecordFactory()
+    if not _watching(factory, "runtime"):
+        logging.setLogRecordFactory(_tagged(_factory_watcher(factory), factory))
 
 
 # Called from eager code (warnings, logging) inside the model's call: Dynamo must not compile
 # these frames (it would trace logging.LogRecord into `time.time`: a break and a warning of its own).
-@torch.compiler.disable
-def _showwarnmsg(msg: Any) -> None:
-    _before_effect(getattr(msg, "filename", None))
-    _Watch.saved["showwarnmsg"](msg)
+def _show_watcher(inner: Any) -> Any:
+    @torch.compiler.disable
+    def showwarnmsg(msg: Any) -> None:
+        _before_effect(getattr(msg, "filename", None))
+        inner(msg)
+
+    return showwarnmsg
 
 
-@torch.compiler.disable
-def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-    _before_effect(args[2] if len(args) > 2 else kwargs.get("pathname"))
-    return _Watch.saved["factory"](*args, **kwargs)
+def _factory_watcher(inner: Any) -> Any:
+    @torch.compiler.disable
+    def record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        _before_effect(args[2] if len(args) > 2 else kwargs.get("pathname"))
+        return inner(*args, **kwargs)
 
-
-def _watch() -> None:
-    saved = _Watch.saved
-    saved.clear()
-    for name in ("stdout", "stderr"):
-        inner = getattr(sys, name)
-        if inner is None or isinstance(inner, _Stream):
-            continue
-        proxy = _Watch.streams.get(name)
-        if proxy is None or proxy._inner is not inner:
-            proxy = _Watch.streams[name] = _Stream(inner)
-        saved[name] = inner
-        setattr(sys, name, proxy)
-    show = getattr(warnings, "_showwarnmsg", None)
-    if show is not None and show is not _showwarnmsg:
-        saved["showwarnmsg"] = show
-        warnings._showwarnmsg = _showwarnmsg  # type: ignore[attr-defined]
-    factory = logging.getLogRecordFactory()
-    if factory is not _record_factory:
-        saved["factory"] = factory
-        logging.setLogRecordFactory(_record_factory)
-
-
-def _unwatch() -> None:
-    """Put back what ``_watch`` replaced, unless the user's code replaced it since."""
-    saved = _Watch.saved
-    for name in ("stdout", "stderr"):
-        if name in saved and getattr(sys, name) is _Watch.streams.get(name):
-            setattr(sys, name, saved[name])
-    if "showwarnmsg" in saved and getattr(warnings, "_showwarnmsg", None) is _showwarnmsg:
-        warnings._showwarnmsg = saved["showwarnmsg"]  # type: ignore[attr-defined]
-    if "factory" in saved and logging.getLogRecordFactory() is _record_factory:
-        logging.setLogRecordFactory(saved["factory"])
+    return record_factory
 
 
 def active() -> bool:
@@ -788,6 +795,7 @@ def _module_of(site: Site) -> tuple[str, dict]:
 
 
 _RELOCATE = threading.local()
+_RELOCATING = threading.RLock()
 
 
 def _find_caller(logger: logging.Logger, original: Any) -> Any:
@@ -822,20 +830,22 @@ def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, k
         getattr(logger, method)(*args, **kwargs)
         return
     filename, _ = _module_of(site)
-    _RELOCATE.where = (filename, site[1], site[2], None)
-    _RELOCATE.logger = logger
-    had = "findCaller" in vars(logger)
-    saved = vars(logger).get("findCaller")
-    logger.findCaller = _find_caller(logger, type(logger).findCaller.__get__(logger))  # type: ignore[method-assign]
-    try:
-        getattr(logger, method)(*args, **kwargs)
-    finally:
-        _RELOCATE.where = None
-        _RELOCATE.logger = None
-        if had:
-            logger.findCaller = saved  # type: ignore[method-assign]
-        else:
-            del logger.findCaller
+    # The patch is on the logger, which other threads share: one relocated call at a time.
+    with _RELOCATING:
+        _RELOCATE.where = (filename, site[1], site[2], None)
+        _RELOCATE.logger = logger
+        had = "findCaller" in vars(logger)
+        saved = vars(logger).get("findCaller")
+        logger.findCaller = _find_caller(logger, type(logger).findCaller.__get__(logger))  # type: ignore[method-assign]
+        try:
+            getattr(logger, method)(*args, **kwargs)
+        finally:
+            _RELOCATE.where = None
+            _RELOCATE.logger = None
+            if had:
+                logger.findCaller = saved  # type: ignore[method-assign]
+            else:
+                del logger.findCaller
 
 
 def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
