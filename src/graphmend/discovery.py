@@ -400,7 +400,9 @@ def trace_breaks(
     start = time.perf_counter()
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     try:
-        with _graph_break_log() as collected, _quiet_dynamo(), patched(capture):
+        # Under the regions' lock: the capture flags and the break log are process-wide,
+        # and graphmend.compile's calls in other threads must neither see nor change them.
+        with runtime.exclusive(), _graph_break_log() as collected, _quiet_dynamo(), patched(capture):
             compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
             for a, k in calls_list:
                 before = len(trace.graphs)

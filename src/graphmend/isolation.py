@@ -135,6 +135,7 @@ def _once_router(name: str, original: Callable) -> Callable:
             effects.once[name] = functools.lru_cache(None)(raw)
         return effects.once[name](self, *args, **kwargs)
 
+    route.cache_clear, route.cache_info = original.cache_clear, original.cache_info  # still an lru_cache to others
     return _tagged(route, original)
 
 

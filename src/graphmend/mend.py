@@ -116,7 +116,8 @@ class MendReport:
     @contextlib.contextmanager
     def region(self) -> Any:
         """What ``graphmend.compile`` opens around every call: the deferral
-        region and the capture flags the mending was measured with."""
+        region and the capture flags the mending was measured with (inside
+        the region, whose lock keeps other threads' calls from them)."""
         with runtime.region(), self.capture.context():
             yield
 
@@ -130,7 +131,8 @@ class MendReport:
         makes it: in ``region()``; with [Speculate] sites applied and every
         module in eval mode, as a speculating call (``runtime.call``)."""
         if self.speculates and _may_run_twice(model):
-            with self.capture.context():
+            # Held through the capture flags, which are process-wide, as region() holds them.
+            with runtime.exclusive(), self.capture.context():
                 return runtime.call(fn, *args, **kwargs)
         with self.region():
             return fn(*args, **kwargs)

@@ -182,6 +182,13 @@ def region(speculating: bool = False) -> Iterator[None]:
             _LOCK.release()
 
 
+def exclusive() -> Any:
+    """The lock that serialises regions (re-entrant): held around a call, it keeps
+    process-wide settings the call depends on (Dynamo's capture flags) from
+    other threads' calls, as a region does."""
+    return _LOCK
+
+
 # --------------------------------------------------------------------------
 # effects that were not deferred: perform the records first
 
@@ -916,6 +923,7 @@ __all__ = [
     "pct",
     "print_",
     "region",
+    "exclusive",
     "register_log_site",
     "Mispredicted",
     "call",
