@@ -30,6 +30,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-every", type=int, default=3, help="check gradients on every Nth program (0: never)")
     parser.add_argument("--inductor-every", type=int, default=50, help="add an Inductor arm on every Nth program (0: never)")
     parser.add_argument("--aot-every", type=int, default=1, help="add the aot_eager arm on every Nth program (0: never)")
+    parser.add_argument(
+        "--threads-every", type=int, default=4,
+        help="add the threads arm (two graphmend.compile copies called from two threads at once) on every Nth program (0: never)",
+    )
     parser.add_argument("--max-statements", type=int, default=8, help="top-level statements per forward (at most)")
     parser.add_argument("--failures", default="build/fuzz-failures", help="folder for failing programs")
     parser.add_argument("--progress-every", type=int, default=100)
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         grad_every=args.grad_every,
         inductor_every=args.inductor_every,
         aot_every=args.aot_every,
+        threads_every=args.threads_every,
         max_statements=args.max_statements,
         failures=args.failures,
         progress=progress,
@@ -109,6 +114,10 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
             stale = c not in keys or (name.endswith(".pkl") and _load(os.path.join(parts, name), keys[c]) is None)
             if not args.resume or stale:  # another run's, or this code's no more
                 os.remove(os.path.join(parts, name))
+    if os.path.isdir(args.failures):  # an earlier run's crashes were named when it ended
+        for name in os.listdir(args.failures):
+            if name.startswith("inflight-"):
+                os.remove(os.path.join(args.failures, name))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     pending = [(c, n) for c, n in chunks if not _finished(states[c], n, keys[c])]
     running: list[tuple[int, subprocess.Popen, Any]] = []
@@ -122,6 +131,7 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                 sys.executable, "-m", "tests.fuzz", "--part", f"{c}/{len(chunks)}", "--state", states[c],
                 "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
                 "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
+                "--threads-every", str(args.threads_every),
                 "--max-statements", str(args.max_statements), "--failures", args.failures, "--resume",
             ]
             log = open(os.path.join(parts, f"chunk-{c}.log"), "a")
@@ -146,6 +156,9 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
             time.sleep(2)
     if failed:
         print(f"chunk(s) {failed} failed: see {parts}/chunk-<c>.log", file=sys.stderr)
+        dead = sorted(n for n in os.listdir(args.failures) if n.startswith("inflight-")) if os.path.isdir(args.failures) else []
+        for name in dead:  # written before each check, removed after it: the program a crashed worker was checking
+            print(f"  a worker died checking {os.path.join(args.failures, name)}", file=sys.stderr)
         return None
     return _merged(list(states.values()), time.perf_counter() - began, args.jobs)
 
@@ -176,7 +189,9 @@ def _parts(args: argparse.Namespace) -> str:
 
 def _key(args: argparse.Namespace, seed: int) -> str:
     """What a saved state must match to be resumed: the arguments and the code."""
-    digest = hashlib.sha256(repr((seed, args.programs, args.grad_every, args.inductor_every, args.max_statements)).encode())
+    digest = hashlib.sha256(
+        repr((seed, args.programs, args.grad_every, args.inductor_every, args.aot_every, args.threads_every, args.max_statements)).encode()
+    )
     here = os.path.dirname(os.path.abspath(__file__))
     import graphmend
 
