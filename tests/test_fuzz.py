@@ -49,8 +49,9 @@ def test_generated_programs_behave_identically_when_mended(tmp_path):
     # The graphmend.compile arms without example inputs ran: mends under grad, and from two threads at once.
     assert summary.arm_programs["compile+grad"] > 0 and summary.arm_programs["threads"] > 0, text
     assert summary.grad_reports[True] > 0 and summary.grad_reports[False] == 0, text
-    # Nothing graphmend wraps while it runs (sys.stdout / stderr, warnings, logging) is left wrapped.
-    assert summary.left == [], text
+    # Nothing graphmend wraps while it runs (sys.stdout / stderr, warnings, logging) is left wrapped,
+    # and no worker process died (a crash: it is started again after the program, which counts here).
+    assert summary.left == [] and summary.crashes == [], text
 
 
 SWAPPED = '''
@@ -159,6 +160,25 @@ def test_the_compile_grad_arm_reports_a_gradient_difference(monkeypatch):
     assert result.mismatches, result
     assert all(m.startswith("compile+grad, call ") and "values differ" in m for m in result.mismatches), result
     assert any(".x: values differ" in m for m in result.mismatches) and any(".lin.weight: values differ" in m for m in result.mismatches), result
+
+
+def test_a_program_a_worker_died_on_counts_as_crashed_and_is_not_checked_again(tmp_path):
+    """run_parallel restarts a worker that died, with "# died: ..." added to the program it was
+    checking (its in-flight file); the restarted worker counts that program as crashed."""
+    from fuzz.generator import Program
+    from fuzz.runner import Result, _died_checking, save_failure
+
+    program, other = Program(SWAPPED), Program(PRINTS)
+    path = save_failure(str(tmp_path), program, Result(program.digest, "in flight"), {"seed": 1}, name="chunk-0.inflight.py")
+    assert _died_checking(path, program) is None  # still running, or stopped: checked again
+    with open(path, "a") as fh:
+        fh.write("\n# died: the worker process, killed by SIGSEGV\n")
+    assert _died_checking(path, program) == "the worker process, killed by SIGSEGV"
+    assert _died_checking(path, other) is None
+    summary = Summary()
+    summary.add(Result(program.digest, "crashed", detail="the worker process, killed by SIGSEGV"))
+    assert (summary.programs, summary.checked, summary.crashes) == (1, 0, [f"{program.digest}: the worker process, killed by SIGSEGV"])
+    assert "programs the checking process died on (crashed; the run went on with the next): 1" in summary.render()
 
 
 def test_programs_are_valid_python():

@@ -253,7 +253,7 @@ def _texts_within_tolerance(a: Observation, b: Observation) -> Observation:
 @dataclass
 class Result:
     digest: str
-    status: str  # checked | invalid (no input runs eagerly) | mend-error | harness-error
+    status: str  # checked | invalid (no input runs eagerly) | mend-error | harness-error | crashed (the process died)
     mismatches: list[str] = field(default_factory=list)
     backend_differences: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)  # mismatches of a known bug with an xfail regression test
@@ -698,6 +698,7 @@ class Summary:
     invalid: int = 0
     mend_errors: list[str] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)  # programs a worker process died checking (a signal)
     mismatches: list[tuple[str, list[str]]] = field(default_factory=list)
     backend_differences: int = 0
     backend_examples: list[str] = field(default_factory=list)
@@ -727,6 +728,9 @@ class Summary:
             return
         if result.status == "harness-error":
             self.harness_errors.append(f"{result.digest}: {result.detail}")
+            return
+        if result.status == "crashed":
+            self.crashes.append(f"{result.digest}: {result.detail}")
             return
         self.checked += 1
         self.arm_programs.update(result.arms)
@@ -785,6 +789,8 @@ class Summary:
             *[f"  {e}" for e in self.mend_errors[:10]],
             f"harness errors: {len(self.harness_errors)}",
             *[f"  {e}" for e in self.harness_errors[:10]],
+            f"programs the checking process died on (crashed; the run went on with the next): {len(self.crashes)}",
+            *[f"  {e}" for e in self.crashes[:10]],
             f"backend differences (the unmended original differs the same way): {self.backend_differences}",
             *[f"  {e}" for e in self.backend_examples[:5]],
             f"programs where verification reverted a rewrite (caught before use): {len(self.reverted)}",
@@ -806,6 +812,22 @@ class Summary:
         for digest, diffs in self.mismatches[:20]:
             lines.append(f"  {digest}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
         return "\n".join(lines)
+
+
+_DIED = re.compile(r"^# died: (.*)$", re.M)
+
+
+def _died_checking(path: str, program: Program) -> str | None:
+    """What ``path`` says killed the process that was checking ``program``; None when it
+    holds another program or no ``# died:`` line (a process that was stopped, not killed)."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    source = "\n".join(line for line in text.splitlines() if not line.startswith("# "))
+    found = _DIED.search(text)
+    return found.group(1) if found and source.strip() == program.source.strip() else None
 
 
 def save_failure(folder: str, program: Program, result: Result, params: dict[str, Any], name: str | None = None) -> str:
@@ -832,6 +854,7 @@ def run_many(
     progress: Callable[[Summary], None] | None = None,
     progress_every: int = 50,
     resume: Summary | None = None,
+    inflight: str | None = None,
 ) -> Summary:
     """Check ``count`` generated programs; ``seed=None`` derandomizes (CI).
 
@@ -839,7 +862,14 @@ def run_many(
     checked and recorded, none is shrunk); mismatches are collected, not
     raised, and written to ``failures`` when given. ``resume``: the summary
     of an interrupted run with the same arguments; its programs are drawn
-    again (the draw is deterministic for a seed) but not checked."""
+    again (the draw is deterministic for a seed) but not checked.
+
+    ``inflight`` (default ``failures/inflight-<pid>.py``): the program being
+    checked is written there first and removed when its check returns, so a
+    process that dies checking it (a crash: the threads arm) leaves it
+    behind. A resumed run that meets the file with a ``# died: ...`` line
+    (``__main__.run_parallel`` adds it) and the same program counts that
+    program as crashed and goes on with the next."""
     import time
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -880,22 +910,27 @@ def run_many(
         }
         # The program being checked, until its check returns: what a worker process that died
         # (a crash: threads arm) was checking. The parent names these files (__main__.py).
-        inflight = save_failure(
-            failures, program, Result(program.digest, "in flight", detail="the process died checking it"), params,
-            name=f"inflight-{os.getpid()}.py",
-        ) if failures else None
-        try:
-            result = check_program(program, folder=folder, **params)
-        except Exception as exc:  # a harness bug must not end a long run
-            result = Result(program.digest, "harness-error", detail=f"{type(exc).__name__}: {exc}"[:300])
-            if not STUCK:
-                graphmend.unmend()
-                torch._dynamo.reset()
-        if inflight:
-            os.remove(inflight)
+        path = inflight or (os.path.join(failures, f"inflight-{os.getpid()}.py") if failures else None)
+        died = _died_checking(path, program) if path else None
+        if died is not None:  # the process before this one died checking it: not again
+            result = Result(program.digest, "crashed", detail=died)
+            os.remove(path)
+        else:
+            if path:
+                note = Result(program.digest, "in flight", detail="the process died checking it")
+                save_failure(os.path.dirname(path), program, note, params, name=os.path.basename(path))
+            try:
+                result = check_program(program, folder=folder, **params)
+            except Exception as exc:  # a harness bug must not end a long run
+                result = Result(program.digest, "harness-error", detail=f"{type(exc).__name__}: {exc}"[:300])
+                if not STUCK:
+                    graphmend.unmend()
+                    torch._dynamo.reset()
+            if path:
+                os.remove(path)
         summary.add(result)
         summary.seconds = time.perf_counter() - began
-        if failures and (result.status in ("mend-error", "harness-error") or result.mismatches or result.left or result.mend_errors):
+        if failures and (result.status in ("mend-error", "harness-error", "crashed") or result.mismatches or result.left or result.mend_errors):
             save_failure(failures, program, result, params)
         elif failures and any(status == "reverted" for _, _, status, _ in result.outcomes):
             save_failure(os.path.join(failures, "reverted"), program, result, params)
