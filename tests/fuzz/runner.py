@@ -294,23 +294,58 @@ STUCK: list[str] = []
 
 
 def _named(value: Any) -> str:
+    if value is None:
+        return "nothing"
     return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+
+
+_CONFIG = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")  # what graphmend turns on around calls
+
+
+def _process_state() -> dict[str, Any]:
+    """What graphmend changes process-wide while it runs, and must put back: the hooks it
+    wraps (``warnings._showwarnmsg``, the log record factory), a ``findCaller`` it sets on
+    a logger while it performs a deferred record, the Dynamo flags of a mending's capture."""
+    state: dict[str, Any] = {"warnings._showwarnmsg": warnings._showwarnmsg, "logging record factory": logging.getLogRecordFactory()}
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and "findCaller" in vars(logger):
+            state[f"logger {name!r} findCaller"] = vars(logger)["findCaller"]
+    for key in _CONFIG:
+        state[f"torch._dynamo.config.{key}"] = getattr(torch._dynamo.config, key)
+    return state
+
+
+def _put_back(name: str, value: Any) -> None:
+    if name == "warnings._showwarnmsg":
+        warnings._showwarnmsg = value
+    elif name == "logging record factory":
+        logging.setLogRecordFactory(value)
+    elif name.startswith("logger "):
+        logger = logging.getLogger(name.split("'")[1])
+        if value is None:
+            vars(logger).pop("findCaller", None)
+        else:
+            logger.findCaller = value
+    else:
+        setattr(torch._dynamo.config, name.rsplit(".", 1)[1], value)
 
 
 @contextlib.contextmanager
 def _hooks_kept(left: list[str]):
-    """The process-wide hooks that graphmend wraps while it runs (``warnings._showwarnmsg``,
-    the log record factory) as they were before the block, after it; what was found in
-    their place goes to ``left``. (``ThreadCapture`` does the same for the streams and
-    ``Logger.handle``.) A wrapper left behind would reach every later program."""
-    saved = {"warnings._showwarnmsg": warnings._showwarnmsg, "logging record factory": logging.getLogRecordFactory()}
+    """``_process_state()`` as it was before the block, after it; what differed goes to
+    ``left``. (``ThreadCapture`` does the same for the streams and ``Logger.handle``.)
+    A wrapper or a flag left behind would reach every later program."""
+    saved = _process_state()
     try:
         yield
     finally:
-        now = {"warnings._showwarnmsg": warnings._showwarnmsg, "logging record factory": logging.getLogRecordFactory()}
-        left += [f"{name}: {_named(now[name])}" for name in saved if now[name] is not saved[name]]
-        warnings._showwarnmsg = saved["warnings._showwarnmsg"]
-        logging.setLogRecordFactory(saved["logging record factory"])
+        now = _process_state()
+        for name in sorted(set(saved) | set(now)):
+            was, found = saved.get(name), now.get(name)
+            if was is found or (isinstance(was, bool) and was == found):
+                continue
+            left.append(f"{name}: {found if isinstance(found, bool) else _named(found)} (was {was if isinstance(was, bool) else _named(was)})")
+            _put_back(name, was)
 
 
 def _threaded(
