@@ -178,7 +178,7 @@ def test_a_program_a_worker_died_on_counts_as_crashed_and_is_not_checked_again(t
     summary = Summary()
     summary.add(Result(program.digest, "crashed", detail="the worker process, killed by SIGSEGV"))
     assert (summary.programs, summary.checked, summary.crashes) == (1, 0, [f"{program.digest}: the worker process, killed by SIGSEGV"])
-    assert "programs the checking process died on (crashed; the run went on with the next): 1" in summary.render()
+    assert "worker process crashes (a program it died on counts here, is not checked again, and the run goes on): 1" in summary.render()
 
 
 def test_programs_are_valid_python():

@@ -173,7 +173,15 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                     print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)}) checking {inflight};"
                           " started again after it", flush=True)
                     pending.insert(0, (c, counts[c]))
+                elif process.returncode != 0 and _finished(states[c], counts[c], keys[c]):
+                    # Every program checked and saved, then it died (at exit): the results stand,
+                    # the crash is counted.
+                    done = _load(states[c], keys[c])
+                    done.crashes.append(f"chunk {c}: the worker process, {_died(process.returncode)}, after its last program")
+                    _dump(done, states[c], keys[c])
+                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)}) after its last program", flush=True)
                 elif process.returncode != 0:
+                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)})", flush=True)
                     failed.append(c)
         summary = _merged(list(states.values()), time.perf_counter() - began, args.jobs)
         if summary.programs >= printed + args.progress_every or not (pending or running):

@@ -824,7 +824,7 @@ class Summary:
             *[f"  {e}" for e in self.mend_errors[:10]],
             f"harness errors: {len(self.harness_errors)}",
             *[f"  {e}" for e in self.harness_errors[:10]],
-            f"programs the checking process died on (crashed; the run went on with the next): {len(self.crashes)}",
+            f"worker process crashes (a program it died on counts here, is not checked again, and the run goes on): {len(self.crashes)}",
             *[f"  {e}" for e in self.crashes[:10]],
             f"backend differences (the unmended original differs the same way): {self.backend_differences}",
             *[f"  {e}" for e in self.backend_examples[:5]],
