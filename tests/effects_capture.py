@@ -3,6 +3,7 @@
 import contextlib
 import io
 import logging
+import sys
 import warnings
 
 import torch
@@ -77,3 +78,110 @@ def bits_equal(a, b):
         return False
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
+
+
+class _ThreadStream:
+    """``sys.stdout`` / ``sys.stderr`` under ``ThreadCapture``: a write goes to
+    the innermost capture of the writing thread, else to the stream itself."""
+
+    def __init__(self, owner, name, inner):
+        self._owner, self._name, self._inner = owner, name, inner
+
+    def _target(self):
+        cap = self._owner.current()
+        return self._inner if cap is None else cap[self._name]
+
+    def write(self, text):
+        return self._target().write(text)
+
+    def writelines(self, lines):
+        self._target().writelines(lines)
+
+    def flush(self):
+        self._target().flush()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class ThreadCapture:
+    """``capture()`` for several threads at once: inside ``installed()`` (entered
+    by one thread around the whole block), each ``capturing()`` collects what
+    its own thread prints (stdout, stderr), logs (records, not torch's; the
+    record then goes on to the handlers, as under ``capture()``: Python's
+    last-resort handler writes it to that thread's stderr) and warns (every
+    warning shown: the process's filters are ``always`` for the block).
+
+    Python's warning filters are process-wide; the per-thread part is where a
+    shown warning goes. ``left`` names what ``installed()`` found replaced by
+    another owner on exit (it puts its own saved streams back regardless)."""
+
+    def __init__(self):
+        import threading
+
+        self._threading = threading
+        self._stacks = {}  # thread ident -> open captures, innermost last
+        self.left = []
+
+    def current(self):
+        stack = self._stacks.get(self._threading.get_ident())
+        return stack[-1] if stack else None
+
+    @contextlib.contextmanager
+    def installed(self):
+        saved_out, saved_err = sys.stdout, sys.stderr
+        out, err = _ThreadStream(self, "stdout", saved_out), _ThreadStream(self, "stderr", saved_err)
+        sys.stdout, sys.stderr = out, err
+        original_handle = logging.Logger.handle
+        owner = self
+
+        def handle(logger, record):
+            cap = owner.current()
+            if cap is not None and not record.name.startswith("torch"):
+                cap["records"].append(
+                    (record.name, record.levelname, record.pathname, record.lineno, record.funcName, record.getMessage())
+                )
+            return original_handle(logger, record)
+
+        logging.Logger.handle = handle
+        try:
+            with warnings.catch_warnings(record=True):  # showwarning as the default, restored on exit
+                warnings.simplefilter("always")
+                shown = warnings._showwarnmsg_impl
+
+                def show(message):
+                    cap = owner.current()
+                    if cap is None:
+                        return shown(message)
+                    cap["warnings"].append(
+                        (message.category.__name__, str(message.message), message.filename, message.lineno)
+                    )
+
+                warnings._showwarnmsg_impl = show
+                yield self
+        finally:
+            if logging.Logger.handle is not handle:
+                self.left.append(f"logging.Logger.handle: {_named(logging.Logger.handle)}")
+            logging.Logger.handle = original_handle
+            for name, mine, saved in (("stdout", out, saved_out), ("stderr", err, saved_err)):
+                if getattr(sys, name) is not mine:
+                    self.left.append(f"sys.{name}: {_named(type(getattr(sys, name)))} wrapping {_named(type(getattr(getattr(sys, name), '_inner', None)))}")
+                setattr(sys, name, saved)
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """A ``Captured`` with this thread's stdout, stderr, records and warnings of the block."""
+        cap = Captured()
+        buffers = {"stdout": io.StringIO(), "stderr": io.StringIO(), "records": cap.records, "warnings": cap.warnings}
+        stack = self._stacks.setdefault(self._threading.get_ident(), [])
+        stack.append(buffers)
+        try:
+            yield cap
+        finally:
+            stack.remove(buffers)
+            cap.stdout, cap.stderr = buffers["stdout"].getvalue(), buffers["stderr"].getvalue()
+
+
+
+def _named(value):
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"

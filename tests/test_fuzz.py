@@ -13,6 +13,7 @@ from fuzz.runner import Summary, check_program, run_many
 
 CI_PROGRAMS = int(os.environ.get("GRAPHMEND_FUZZ_CI", "200"))
 CI_JOBS = max(1, min(2, os.cpu_count() or 1))
+CI_THREADS_EVERY = 8  # the threads arm (two compiled copies mending at once) on every 8th program
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +30,11 @@ def test_generated_programs_behave_identically_when_mended(tmp_path):
 
     args = parse([
         "--programs", str(CI_PROGRAMS), "--seed", "0", "--jobs", str(CI_JOBS), "--max-statements", "4",
-        "--grad-every", "4", "--aot-every", "2", "--inductor-every", "0",
+        "--grad-every", "4", "--aot-every", "2", "--inductor-every", "0", "--threads-every", str(CI_THREADS_EVERY),
         "--summary", str(tmp_path / "summary.txt"), "--failures", str(tmp_path / "failures"),
     ])
     summary = run_parallel(args) if CI_JOBS > 1 else run_many(
-        CI_PROGRAMS, seed=0, grad_every=4, aot_every=2, inductor_every=0, max_statements=4
+        CI_PROGRAMS, seed=0, grad_every=4, aot_every=2, inductor_every=0, threads_every=CI_THREADS_EVERY, max_statements=4
     )
     assert summary is not None, (tmp_path / "fuzz-parts").glob("*.log")
     text = summary.render()
@@ -45,6 +46,12 @@ def test_generated_programs_behave_identically_when_mended(tmp_path):
     applied = {rule for (rule, status), n in summary.status.items() if status == "applied"}
     assert {"where", "defer", "trap"} <= applied, text
     assert summary.checked >= CI_PROGRAMS * 0.8, text
+    # The graphmend.compile arms without example inputs ran: mends under grad, and from two threads at once.
+    assert summary.arm_programs["compile+grad"] > 0 and summary.arm_programs["threads"] > 0, text
+    assert summary.grad_reports[True] > 0 and summary.grad_reports[False] == 0, text
+    # Nothing graphmend wraps while it runs (sys.stdout / stderr, warnings, logging) is left wrapped,
+    # and no worker process died (a crash: it is started again after the program, which counts here).
+    assert summary.left == [] and summary.crashes == [], text
 
 
 SWAPPED = '''
@@ -81,6 +88,97 @@ def test_the_runner_reports_a_difference(monkeypatch):
     assert result.status == "checked"
     assert [(o[1], o[2]) for o in result.outcomes if o[1] == "defer"] == [("defer", "applied")]
     assert any("log records" in m for m in result.mismatches), result
+
+
+PRINTS = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        print("h is", h.sum())
+        return torch.relu(h)
+'''
+
+
+def test_the_threads_arm_reports_a_print_lost_on_another_thread(monkeypatch):
+    """The harness can fail: a runtime that drops the deferred prints of calls made on a
+    thread other than the main one (not while graphmend mends: verification would revert
+    the rewrite) is caught by the threads arm, and by no other arm."""
+    import threading
+
+    from fuzz.generator import Program
+    from graphmend import isolation
+
+    flush = graphmend.runtime.flush
+
+    def drop_other_threads_prints(records):
+        if threading.current_thread() is not threading.main_thread() and isolation._current() is None:
+            records = [r for r in records if r[0] != "print"]
+        flush(records)
+
+    monkeypatch.setattr(graphmend.runtime, "flush", drop_other_threads_prints)
+    result = check_program(Program(PRINTS), seed=1, start=0, aot=False, threads=True)
+    assert result.status == "checked" and result.arms == ["threads"], result
+    assert [(o[1], o[2]) for o in result.outcomes] == [("defer", "applied")], result
+    assert result.mismatches, result
+    assert all(m.startswith("threads, thread ") and ": stdout: " in m for m in result.mismatches), result
+    assert {m.split(",")[1] for m in result.mismatches} == {" thread 1", " thread 2"}, result
+
+
+def test_the_compile_grad_arm_reports_a_gradient_difference(monkeypatch):
+    """The harness can fail: a graphmend.compile call that nudges the gradient of its output
+    by one part in 2**20 under grad is caught by the compile+grad arm (gradients to the bit)."""
+    from fuzz.generator import Program
+    from graphmend.mend import MendReport
+
+    class Nudge(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, value):
+            return value.view_as(value)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * (1 + 2**-20)
+
+    call = MendReport.call
+
+    def nudged(self, fn, model, args, kwargs):
+        out = call(self, fn, model, args, kwargs)
+        return Nudge.apply(out) if torch.is_grad_enabled() and out.requires_grad else out
+
+    monkeypatch.setattr(MendReport, "call", nudged)
+    result = check_program(Program(PRINTS), seed=1, start=0, aot=False, grad=True)
+    assert result.status == "checked" and result.arms == ["compile+grad"], result
+    assert result.grad_report is True, result
+    assert result.mismatches, result
+    assert all(m.startswith("compile+grad, call ") and "values differ" in m for m in result.mismatches), result
+    assert any(".x: values differ" in m for m in result.mismatches) and any(".lin.weight: values differ" in m for m in result.mismatches), result
+
+
+def test_a_program_a_worker_died_on_counts_as_crashed_and_is_not_checked_again(tmp_path):
+    """run_parallel restarts a worker that died, with "# died: ..." added to the program it was
+    checking (its in-flight file); the restarted worker counts that program as crashed."""
+    from fuzz.generator import Program
+    from fuzz.runner import Result, _died_checking, save_failure
+
+    program, other = Program(SWAPPED), Program(PRINTS)
+    path = save_failure(str(tmp_path), program, Result(program.digest, "in flight"), {"seed": 1}, name="chunk-0.inflight.py")
+    assert _died_checking(path, program) is None  # still running, or stopped: checked again
+    with open(path, "a") as fh:
+        fh.write("\n# died: the worker process, killed by SIGSEGV\n")
+    assert _died_checking(path, program) == "the worker process, killed by SIGSEGV"
+    assert _died_checking(path, other) is None
+    summary = Summary()
+    summary.add(Result(program.digest, "crashed", detail="the worker process, killed by SIGSEGV"))
+    assert (summary.programs, summary.checked, summary.crashes) == (1, 0, [f"{program.digest}: the worker process, killed by SIGSEGV"])
+    assert "worker process crashes (a program it died on counts here, is not checked again, and the run goes on): 1" in summary.render()
 
 
 def test_programs_are_valid_python():

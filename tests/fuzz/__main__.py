@@ -5,7 +5,13 @@ process, ``--jobs N`` at a time (chunk c draws its programs with hypothesis
 seed ``seed * 1000 + c``); the parent merges their summaries as they go and
 writes the combined one. ``--resume`` continues an
 interrupted run with the same arguments and the same code (graphmend and the
-fuzzer, hashed): the programs already checked are drawn again, not rechecked."""
+fuzzer, hashed): the programs already checked are drawn again, not rechecked.
+
+With the threads arm on (``--threads-every``, default 4) every run goes
+through worker processes, one chunk included (it draws with ``seed``
+itself, as a run in this process would): a worker that dies (a crash, a
+signal) is started again after the program it died on, which the summary
+counts as crashed (at most ``RESTARTS`` times per chunk)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import os
 import pickle
 import subprocess
 import sys
+import signal
 import time
 from typing import Any
 
@@ -30,6 +37,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-every", type=int, default=3, help="check gradients on every Nth program (0: never)")
     parser.add_argument("--inductor-every", type=int, default=50, help="add an Inductor arm on every Nth program (0: never)")
     parser.add_argument("--aot-every", type=int, default=1, help="add the aot_eager arm on every Nth program (0: never)")
+    parser.add_argument(
+        "--threads-every", type=int, default=4,
+        help="add the threads arm (two graphmend.compile copies called from two threads at once) on every Nth program (0: never)",
+    )
     parser.add_argument("--max-statements", type=int, default=8, help="top-level statements per forward (at most)")
     parser.add_argument("--failures", default="build/fuzz-failures", help="folder for failing programs")
     parser.add_argument("--progress-every", type=int, default=100)
@@ -40,15 +51,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+RESTARTS = 5  # a chunk's worker is started again this many times after it died
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if (args.jobs > 1 or args.programs > args.chunk) and args.part is None:
+    if (args.jobs > 1 or args.programs > args.chunk or args.threads_every > 0) and args.part is None:
         return _parallel(args)
 
     seed = args.seed
     if args.part is not None:
-        k, _ = (int(v) for v in args.part.split("/"))
-        seed = args.seed * 1000 + k
+        k, n = (int(v) for v in args.part.split("/"))
+        seed = args.seed if n == 1 else args.seed * 1000 + k
     worker = args.part is not None
     state = args.state or (os.path.join(_parts(args), "single.pkl") if args.resume else None)
     key = _key(args, seed)
@@ -74,17 +88,33 @@ def main(argv: list[str] | None = None) -> int:
         grad_every=args.grad_every,
         inductor_every=args.inductor_every,
         aot_every=args.aot_every,
+        threads_every=args.threads_every,
         max_statements=args.max_statements,
         failures=args.failures,
         progress=progress,
-        progress_every=5 if worker else args.progress_every,
+        progress_every=1 if worker else args.progress_every,  # a worker that dies resumes after its last program
         resume=resume,
+        inflight=_inflight(args.state) if worker else None,
     )
     if state:
         _dump(summary, state, key)
     if worker:
         return 0
     return _finish(summary, args)
+
+
+def _inflight(state: str) -> str:
+    """Where the worker of ``state`` (``chunk-<c>.pkl``) writes the program it is checking."""
+    return os.path.splitext(state)[0] + ".inflight.py"
+
+
+def _died(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def _parallel(args: argparse.Namespace) -> int:
@@ -113,6 +143,8 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
     pending = [(c, n) for c, n in chunks if not _finished(states[c], n, keys[c])]
     running: list[tuple[int, subprocess.Popen, Any]] = []
     failed: list[int] = []
+    restarts = {c: 0 for c, _ in chunks}
+    counts = dict(chunks)
     began = time.perf_counter()
     printed = -1
     while pending or running:
@@ -122,6 +154,7 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                 sys.executable, "-m", "tests.fuzz", "--part", f"{c}/{len(chunks)}", "--state", states[c],
                 "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
                 "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
+                "--threads-every", str(args.threads_every),
                 "--max-statements", str(args.max_statements), "--failures", args.failures, "--resume",
             ]
             log = open(os.path.join(parts, f"chunk-{c}.log"), "a")
@@ -131,7 +164,24 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
             if process.poll() is not None:
                 log.close()
                 running.remove(entry)
-                if process.returncode != 0:
+                inflight = _inflight(states[c])
+                if process.returncode != 0 and os.path.exists(inflight) and restarts[c] < RESTARTS:
+                    # It died checking that program: start it again, after it (runner._died_checking).
+                    restarts[c] += 1
+                    with open(inflight, "a") as fh:
+                        fh.write(f"\n# died: the worker process, {_died(process.returncode)}\n")
+                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)}) checking {inflight};"
+                          " started again after it", flush=True)
+                    pending.insert(0, (c, counts[c]))
+                elif process.returncode != 0 and _finished(states[c], counts[c], keys[c]):
+                    # Every program checked and saved, then it died (at exit): the results stand,
+                    # the crash is counted.
+                    done = _load(states[c], keys[c])
+                    done.crashes.append(f"chunk {c}: the worker process, {_died(process.returncode)}, after its last program")
+                    _dump(done, states[c], keys[c])
+                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)}) after its last program", flush=True)
+                elif process.returncode != 0:
+                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)})", flush=True)
                     failed.append(c)
         summary = _merged(list(states.values()), time.perf_counter() - began, args.jobs)
         if summary.programs >= printed + args.progress_every or not (pending or running):
@@ -146,6 +196,9 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
             time.sleep(2)
     if failed:
         print(f"chunk(s) {failed} failed: see {parts}/chunk-<c>.log", file=sys.stderr)
+        for c in failed:  # written before each check, removed after it: the program a dead worker was checking
+            if os.path.exists(_inflight(states[c])):
+                print(f"  chunk {c}'s worker died checking {_inflight(states[c])}", file=sys.stderr)
         return None
     return _merged(list(states.values()), time.perf_counter() - began, args.jobs)
 
@@ -176,7 +229,9 @@ def _parts(args: argparse.Namespace) -> str:
 
 def _key(args: argparse.Namespace, seed: int) -> str:
     """What a saved state must match to be resumed: the arguments and the code."""
-    digest = hashlib.sha256(repr((seed, args.programs, args.grad_every, args.inductor_every, args.max_statements)).encode())
+    digest = hashlib.sha256(
+        repr((seed, args.programs, args.grad_every, args.inductor_every, args.aot_every, args.threads_every, args.max_statements)).encode()
+    )
     here = os.path.dirname(os.path.abspath(__file__))
     import graphmend
 
@@ -218,7 +273,7 @@ def _write(summary: Summary, path: str) -> None:
 def _finish(summary: Summary, args: argparse.Namespace) -> int:
     print(summary.render(), flush=True)
     _write(summary, args.summary)
-    if summary.mismatches or summary.mend_errors or summary.harness_errors:
+    if summary.mismatches or summary.mend_errors or summary.harness_errors or summary.crashes or summary.left:
         print(f"failing programs written to {args.failures}/")
         return 1
     return 0

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grad", action="store_true")
     args = parser.parse_args(argv)
     text = open(args.file).read()
-    params = dict(re.findall(r"^# (seed|start|grad|inductor|aot)=(\S+)$", text, re.M))
+    params = dict(re.findall(r"^# (seed|start|grad|inductor|aot|threads)=(\S+)$", text, re.M))
     source = "\n".join(line for line in text.splitlines() if not line.startswith("# ")) + "\n"
     program = Program(source)
     seed, start = int(params.get("seed", 0)), int(params.get("start", 0))
@@ -47,14 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     graphmend.unmend()
     result = check_program(
         program, seed=seed, start=start, grad=grad, aot=params.get("aot") != "False",
-        inductor=params.get("inductor") == "True",
+        inductor=params.get("inductor") == "True", threads=params.get("threads") == "True",
     )
     print(result.status, result.detail)
     for line in result.mismatches:
         print("MISMATCH", line)
     for line in result.backend_differences:
         print("backend", line)
-    return 1 if result.mismatches else 0
+    for line in result.left:
+        print("LEFT BEHIND", line)
+    return 1 if result.mismatches or result.left else 0
 
 
 if __name__ == "__main__":

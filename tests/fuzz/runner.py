@@ -8,7 +8,8 @@ For each program (``check_program``):
 2. the reference: the original, eagerly, called on every input in turn on one
    private copy (state carries from call to call, as it would for a user);
 3. mend through the public API, ``graphmend.compile(model, backend=counting,
-   example_inputs=...)``, with the first input (from a drawn start) on which
+   example_inputs=...)`` with autograd off (the mend is measured in the grad
+   mode it happens in), with the first input (from a drawn start) on which
    the original runs without raising;
 4. the arms, each on its own fresh copy, called on the same inputs in the
    same order: the mended program eagerly (inside a deferral region, as
@@ -16,6 +17,18 @@ For each program (``check_program``):
    ``torch.compile(..., backend="aot_eager")`` of the mended program, and on a
    sample Inductor; on a subset the eager and ``aot_eager`` arms again with
    grad enabled, backward through the output;
+4b. after ``graphmend.unmend()`` restored the original code, on the grad
+   subset the arm ``compile+grad``: a fresh copy through
+   ``graphmend.compile(copy, backend=counting)`` with no example inputs,
+   called with grad on, so that its first call mends in grad mode (its
+   report must say ``grad=True``); compared with the eager grad reference
+   exactly as ``eager+grad`` is. On another subset the arm ``threads``: two
+   fresh copies, each through its own ``graphmend.compile`` (no example
+   inputs), called by two threads started together (a barrier) on the whole
+   input series without grad, so that their first calls race to mend
+   (graphmend serialises the mends); each thread's series is observed on its
+   own (``effects_capture.ThreadCapture``) and must equal the
+   single-threaded reference;
 5. after every call: output (bit for bit), exception (type and message),
    module state, stdout, stderr, log records and warnings, compared with
    ``graphmend.verify.compare``; gradients of the input and every parameter
@@ -24,9 +37,11 @@ For each program (``check_program``):
 
 A difference in a compiled arm is graphmend's only if the original program,
 compiled with the same backend and not mended, does not show it too (that is
-the backend's behaviour; counted as ``backend``). Under grad, AOTAutograd's
-"modified by an inplace operation" errors name the node that saved the
-tensor, which depends on where the graphs were cut: they compare by kind.
+the backend's behaviour; counted as ``backend``); for ``threads`` the control
+is the original under ``torch.compile`` (counting) in two threads the same
+way. Under grad, AOTAutograd's "modified by an inplace operation" errors name
+the node that saved the tensor, which depends on where the graphs were cut:
+they compare by kind.
 """
 
 from __future__ import annotations
@@ -36,10 +51,13 @@ import copy
 import dataclasses
 import importlib.util
 import linecache
+import logging
 import os
 import re
 import sys
 import tempfile
+import threading
+import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,9 +71,9 @@ from graphmend.discovery import _function_name
 from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
-    from effects_capture import capture
+    from effects_capture import ThreadCapture, capture
 except ImportError:
-    from tests.effects_capture import capture
+    from tests.effects_capture import ThreadCapture, capture
 
 from .generator import Program
 
@@ -102,18 +120,39 @@ class CountingBackend:
 
 
 @contextlib.contextmanager
-def _captured(obs: Observation):
-    """stdout, stderr, log records (not torch's own) and warnings of the block, into ``obs``."""
-    with capture() as cap, fresh_once_caches():
+def _captured(obs: Observation, threads: ThreadCapture | None = None):
+    """stdout, stderr, log records (not torch's own) and warnings of the block, into ``obs``;
+    with ``threads``, this thread's only (the arm made the caches fresh for all threads)."""
+    with (threads.capturing() if threads is not None else capture()) as cap, (
+        fresh_once_caches() if threads is None else contextlib.nullcontext()
+    ):
         yield
     obs.stdout, obs.stderr, obs.records, obs.warnings = cap.stdout, cap.stderr, cap.records, cap.warnings
 
 
-def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bool, grad: bool) -> Observation:
-    """One observed call: output (plus gradients under grad), exception, state, effects."""
+# graphmend.compile's own notices to the user (api.py), made by a first call that mends:
+# "could not mend ... compiling it unchanged", "N graphs but no graph break in Dynamo's log".
+_NOTICE = re.compile(r"graphmend: (could not mend|\d+ graphs but no graph break)")
+
+
+def call(
+    fn: Callable,
+    state_of: torch.nn.Module,
+    x: torch.Tensor,
+    *,
+    region: bool,
+    grad: bool,
+    threads: ThreadCapture | None = None,
+    notices: list[str] | None = None,
+) -> Observation:
+    """One observed call: output (plus gradients under grad), exception, state, effects.
+
+    ``threads``: the call's effects are its thread's (the threads arm).
+    ``notices``: a ``graphmend.compile`` arm; graphmend's own notices of a mend
+    (``_NOTICE``) are taken out of the warnings into this list."""
     obs = Observation()
     arg = x.clone().requires_grad_(grad)
-    with _captured(obs), (torch.enable_grad() if grad else torch.no_grad()):
+    with _captured(obs, threads), (torch.enable_grad() if grad else torch.no_grad()):
         try:
             with runtime.region() if region else contextlib.nullcontext():
                 result = fn(arg)
@@ -128,6 +167,9 @@ def call(fn: Callable, state_of: torch.nn.Module, x: torch.Tensor, *, region: bo
     # graphmend's own notice that the backend failed on a graph (which then ran as captured)
     FALLBACKS["warnings"] += sum(w[0] == "BackendFallbackWarning" for w in obs.warnings)
     obs.warnings = [w for w in obs.warnings if w[0] != "BackendFallbackWarning"]
+    if notices is not None:
+        notices += [w[1] for w in obs.warnings if w[0] == "RuntimeWarning" and _NOTICE.match(w[1])]
+        obs.warnings = [w for w in obs.warnings if not (w[0] == "RuntimeWarning" and _NOTICE.match(w[1]))]
     obs.state = _zero_dim(module_state(state_of))
     obs.output = _zero_dim(obs.output)
     return obs
@@ -211,7 +253,7 @@ def _texts_within_tolerance(a: Observation, b: Observation) -> Observation:
 @dataclass
 class Result:
     digest: str
-    status: str  # checked | invalid (no input runs eagerly) | mend-error | harness-error
+    status: str  # checked | invalid (no input runs eagerly) | mend-error | harness-error | crashed (the process died)
     mismatches: list[str] = field(default_factory=list)
     backend_differences: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)  # mismatches of a known bug with an xfail regression test
@@ -221,15 +263,138 @@ class Result:
     graphs: tuple[int, int] = (0, 0)  # graphs on the example input, before and after mending (the report's)
     kept: list[str] = field(default_factory=list)  # the report's graph breaks kept before held asserts (barriers.py)
     fallbacks: int = 0  # graphs the backend failed on, run as captured (graphmend.with_fallback)
+    arms: list[str] = field(default_factory=list)  # the arms that ran
+    grad_report: bool | None = None  # compile+grad: the report's grad mode (None: no report)
+    notices: list[str] = field(default_factory=list)  # graphmend.compile's notices in the compile+grad / threads arms
+    mend_errors: list[str] = field(default_factory=list)  # a mend that failed in those arms (not "raised eagerly")
+    left: list[str] = field(default_factory=list)  # threads: what graphmend left in place of sys.stdout / stderr / Logger.handle
 
 
-def _series(make: Callable[[], tuple[Callable, torch.nn.Module]], xs: list[torch.Tensor], *, region: bool, grad: bool) -> list[Observation]:
+def _series(
+    make: Callable[[], tuple[Callable, torch.nn.Module]],
+    xs: list[torch.Tensor],
+    *,
+    region: bool,
+    grad: bool,
+    notices: list[str] | None = None,
+) -> list[Observation]:
     # Dynamo warns some things once per process (utils.warn_once: "does not know how to trace
     # the builtin `time.time`"): each series starts as a fresh process would, so the control
     # series of the original shows what the mended one showed when Dynamo does it to both.
     torch._dynamo.utils.warn_once_cache.clear()
     fn, state_of = make()
-    return [call(fn, state_of, x, region=region, grad=grad) for x in xs]
+    return [call(fn, state_of, x, region=region, grad=grad, notices=notices) for x in xs]
+
+
+THREADS = 2
+THREAD_TIMEOUT = 600.0  # seconds for the whole threaded series (both threads' mends included)
+# What a threads arm that never finished left running: the program, the threads' stacks.
+# graphmend's locks may be held by them, so nothing more is checked in this process.
+STUCK: list[str] = []
+
+
+def _named(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+
+
+_CONFIG = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")  # what graphmend turns on around calls
+
+
+def _process_state() -> dict[str, Any]:
+    """What graphmend changes process-wide while it runs, and must put back: the hooks it
+    wraps (``warnings._showwarnmsg``, the log record factory), a ``findCaller`` it sets on
+    a logger while it performs a deferred record, the Dynamo flags of a mending's capture."""
+    state: dict[str, Any] = {"warnings._showwarnmsg": warnings._showwarnmsg, "logging record factory": logging.getLogRecordFactory()}
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and "findCaller" in vars(logger):
+            state[f"logger {name!r} findCaller"] = vars(logger)["findCaller"]
+    for key in _CONFIG:
+        state[f"torch._dynamo.config.{key}"] = getattr(torch._dynamo.config, key)
+    return state
+
+
+def _put_back(name: str, value: Any) -> None:
+    if name == "warnings._showwarnmsg":
+        warnings._showwarnmsg = value
+    elif name == "logging record factory":
+        logging.setLogRecordFactory(value)
+    elif name.startswith("logger "):
+        logger = logging.getLogger(name.split("'")[1])
+        if value is None:
+            vars(logger).pop("findCaller", None)
+        else:
+            logger.findCaller = value
+    else:
+        setattr(torch._dynamo.config, name.rsplit(".", 1)[1], value)
+
+
+@contextlib.contextmanager
+def _hooks_kept(left: list[str]):
+    """``_process_state()`` as it was before the block, after it; what differed goes to
+    ``left``. (``ThreadCapture`` does the same for the streams and ``Logger.handle``.)
+    A wrapper or a flag left behind would reach every later program."""
+    saved = _process_state()
+    try:
+        yield
+    finally:
+        now = _process_state()
+        for name in sorted(set(saved) | set(now)):
+            was, found = saved.get(name), now.get(name)
+            if was is found or (isinstance(was, bool) and was == found):
+                continue
+            left.append(f"{name}: {found if isinstance(found, bool) else _named(found)} (was {was if isinstance(was, bool) else _named(was)})")
+            _put_back(name, was)
+
+
+def _threaded(
+    make: Callable[[], tuple[Callable, torch.nn.Module]],
+    xs: list[torch.Tensor],
+    *,
+    notices: list[str] | None = None,
+    left: list[str] | None = None,
+) -> list[list[Observation]]:
+    """``THREADS`` threads, each with its own ``make()``, started together (a barrier), each
+    calling its own on every input in turn without grad; the series of each, observed on
+    its own thread. Raises ``TimeoutError`` (with the threads' stacks) when one never ends.
+    ``left``: what was left in place of ``sys.stdout`` / ``sys.stderr`` / ``Logger.handle``
+    once both threads had ended."""
+    torch._dynamo.utils.warn_once_cache.clear()
+    made = [make() for _ in range(THREADS)]
+    series: list[list[Observation]] = [[] for _ in range(THREADS)]
+    errors: list[str] = []
+    capture_threads = ThreadCapture()
+    barrier = threading.Barrier(THREADS)
+
+    def work(k: int) -> None:
+        fn, state_of = made[k]
+        try:
+            barrier.wait(timeout=THREAD_TIMEOUT)
+            for x in xs:
+                series[k].append(call(fn, state_of, x, region=False, grad=False, threads=capture_threads, notices=notices))
+        except Exception as exc:  # a harness error: reported by the arm
+            errors.append(f"thread {k + 1}: {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=work, args=(k,), name=f"graphmend-fuzz-{k + 1}", daemon=True) for k in range(THREADS)]
+    with _hooks_kept(capture_threads.left), fresh_once_caches(), capture_threads.installed():
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(THREAD_TIMEOUT)
+    alive = [w for w in workers if w.is_alive()]
+    if alive:
+        frames = sys._current_frames()
+        stacks = [f"{w.name}:\n" + "".join(traceback.format_stack(frames[w.ident])) for w in alive if w.ident in frames]
+        STUCK.append("\n".join(stacks))
+        raise TimeoutError(f"{len(alive)} thread(s) did not finish in {THREAD_TIMEOUT:.0f} s\n" + "\n".join(stacks))
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    if left is not None:
+        # What replaced the capture's streams or logging hook and was still there when both
+        # threads had ended (put back by the capture): a wrapper graphmend left behind.
+        left += capture_threads.left
+    return series
 
 
 def _first_valid(pristine: torch.nn.Module, xs: list[torch.Tensor], start: int) -> int | None:
@@ -249,16 +414,18 @@ def check_program(
     grad: bool = False,
     inductor: bool = False,
     aot: bool = True,
+    threads: bool = False,
     folder: str | None = None,
 ) -> Result:
     own = folder is None
     folder = folder or tempfile.mkdtemp(prefix="graphmend-fuzz-")
     module = load(program, folder)
     try:
-        return _check(module, program, seed=seed, start=start, grad=grad, inductor=inductor, aot=aot)
+        return _check(module, program, seed=seed, start=start, grad=grad, inductor=inductor, aot=aot, threads=threads)
     finally:
-        graphmend.unmend()
-        torch._dynamo.reset()
+        if not STUCK:  # else a stuck thread may hold graphmend's locks: unmend would wait for ever
+            graphmend.unmend()
+            torch._dynamo.reset()
         unload(module)
         if own:
             for name in os.listdir(folder):
@@ -266,7 +433,7 @@ def check_program(
             os.rmdir(folder)
 
 
-def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, inductor: bool, aot: bool) -> Result:
+def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, inductor: bool, aot: bool, threads: bool) -> Result:
     result = Result(program.digest, "checked")
     torch.manual_seed(0)
     pristine = module.Model()
@@ -293,7 +460,8 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
     counting = CountingBackend()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = graphmend.compile(mended_model, backend=counting, example_inputs=(xs[example].clone(),))
+        with torch.no_grad():  # graphmend.compile mends in the grad mode it is called in: inference
+            compiled = graphmend.compile(mended_model, backend=counting, example_inputs=(xs[example].clone(),))
     if compiled.report is None:
         result.status = "mend-error"
         result.detail = "; ".join(str(w.message) for w in caught if "graphmend" in str(w.message))
@@ -316,13 +484,53 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         arms["inductor"] = (reference, _series(fresh(_inductor), xs, region=True, grad=False))
 
     result.fallbacks = FALLBACKS["warnings"] - fallbacks_before
-    suspects: dict[str, list[str]] = {}
-    for arm, (expected, got) in arms.items():
-        diff = _differences(arm, expected, got)
-        if diff:
-            suspects[arm] = diff
     graphmend.unmend()
     torch._dynamo.reset()
+
+    # graphmend.compile as a user calls it, on the original code again: no example
+    # inputs, so the first call mends, in that call's grad mode and on that call's thread.
+    def compiled_fresh(notices: list[str], made: list[Any]) -> Callable[[], tuple[Callable, torch.nn.Module]]:
+        def make() -> tuple[Callable, torch.nn.Module]:
+            model = copy.deepcopy(pristine)
+            made.append(graphmend.compile(model, backend=CountingBackend()))
+            return made[-1], model
+
+        return make
+
+    if grad:
+        made: list[Any] = []
+        got = _series(compiled_fresh(result.notices, made), grad_xs, region=False, grad=True, notices=result.notices)
+        arms["compile+grad"] = (grad_reference, got)
+        result.arms.append("compile+grad")
+        report = made[0].report
+        result.grad_report = None if report is None else report.grad
+        if report is not None and report.grad is not True:
+            result.mismatches.append(f"compile+grad: the report of a mend under grad says grad={report.grad!r}")
+        graphmend.unmend()
+        torch._dynamo.reset()
+    if threads:
+        made = []
+        notices: list[str] = []
+        try:
+            arms["threads"] = (reference, _threaded(compiled_fresh(notices, made), xs, notices=notices, left=result.left))
+        except TimeoutError as exc:
+            result.mismatches.append(f"threads: {exc}")
+            return result
+        result.arms.append("threads")
+        result.notices += notices
+        for compiled_copy in made:
+            if compiled_copy.report is not None and compiled_copy.report.grad is not False:
+                result.mismatches.append(f"threads: the report of a mend without grad says grad={compiled_copy.report.grad!r}")
+        graphmend.unmend()
+        torch._dynamo.reset()
+    # A mend that failed in those arms (not a first call that raised eagerly: the documented retry).
+    result.mend_errors = [n for n in result.notices if n.startswith("graphmend: could not mend") and _RAISED_EAGERLY not in n]
+
+    suspects: dict[str, list[str]] = {}
+    for arm, (expected, got) in arms.items():
+        diff = _arm_differences(arm, expected, got)
+        if diff:
+            suspects[arm] = diff
     for arm, diff in suspects.items():
         if arm != "eager" and any(_HOOK_SILENCED in d for d in diff):
             result.known += diff
@@ -335,14 +543,30 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         if arm.startswith("eager") or not diff:
             result.mismatches += diff
             continue
-        if "grad" in arm and any(_INPLACE_AUTOGRAD in (o.exception or ("", ""))[1] for o in expected):
+        if arm == "aot_eager+grad" and any(_INPLACE_AUTOGRAD in (o.exception or ("", ""))[1] for o in expected):
             # Eager autograd refuses an in-place change of a saved tensor; a compiled graph
             # functionalizes it and succeeds. That is torch.compile's behaviour, not a rewrite's.
             result.backend_differences += diff
             continue
         # The same backend on the unmended original: a difference it shows too is the backend's.
         g = "grad" in arm
-        control = _series(fresh(_BACKENDS[arm.split("+")[0]]), grad_xs if g else xs, region=False, grad=g)
+        backend = _BACKENDS[_CONTROL.get(arm, arm.split("+")[0])]
+        if arm == "threads":
+            controls = _threaded(fresh(backend), xs)
+            seen = {d for k in range(THREADS) for c in controls for d in _differences(f"threads, thread {k + 1}", expected, c)}
+            result.backend_differences += [d for d in diff if d in seen]
+            result.mismatches += [d for d in diff if d not in seen]
+            continue
+        control = _series(fresh(backend), grad_xs if g else xs, region=False, grad=g)
+        if arm == "compile+grad":
+            # The counting backend runs the captured graphs eagerly (no AOTAutograd): compared
+            # as the eager+grad arm is, to the bit; only the printed grad_fn text is stripped.
+            control = [_without_grad_fn(o) for o in control]
+            expected = [_without_grad_fn(o) for o in expected]
+            seen = set(_differences(arm, expected, control))
+            result.backend_differences += [d for d in diff if d in seen]
+            result.mismatches += [d for d in diff if d not in seen]
+            continue
         if g:
             # Under AOTAutograd an in-place change of a tensor a compiled graph saved fails
             # the backward where eager autograd, which saves less, succeeds. The error names
@@ -375,6 +599,9 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
 
 
 _INPLACE_AUTOGRAD = "modified by an inplace operation"
+_RAISED_EAGERLY = "it raised eagerly on each of its first"
+# The backend of an arm's control when the arm's name is not one (both compile with counting).
+_CONTROL = {"compile+grad": "counting", "threads": "counting"}
 _GRAD_FN = re.compile(r",\s*grad_fn=<\w+>|,\s*requires_grad=True")
 
 
@@ -462,6 +689,13 @@ _BACKENDS = {
 }
 
 
+def _arm_differences(arm: str, expected: list[Observation], got: Any) -> list[str]:
+    """``_differences``; for ``threads``, of each thread's series (``got``: one per thread)."""
+    if arm == "threads":
+        return [d for k, series in enumerate(got) for d in _differences(f"threads, thread {k + 1}", expected, series)]
+    return _differences(arm, expected, got)
+
+
 def _differences(arm: str, expected: list[Observation], got: list[Observation]) -> list[str]:
     out = []
     for i, (a, b) in enumerate(zip(expected, got)):
@@ -499,6 +733,7 @@ class Summary:
     invalid: int = 0
     mend_errors: list[str] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)  # programs a worker process died checking (a signal)
     mismatches: list[tuple[str, list[str]]] = field(default_factory=list)
     backend_differences: int = 0
     backend_examples: list[str] = field(default_factory=list)
@@ -508,6 +743,10 @@ class Summary:
     held_reverted: int = 0  # programs whose record-making rewrites were reverted instead
     documented: int = 0
     fallbacks: int = 0
+    arm_programs: Counter = field(default_factory=Counter)  # programs that ran each of the arms below
+    grad_reports: Counter = field(default_factory=Counter)  # compile+grad: the report's grad mode (None: no report)
+    gave_up: int = 0  # programs where a graphmend.compile arm gave up: the first calls raised eagerly
+    left: list[str] = field(default_factory=list)  # threads: a wrapper of sys.stdout / stderr / logging graphmend left behind
     status: Counter = field(default_factory=Counter)
     declined: Counter = field(default_factory=Counter)
     graphs_before: int = 0
@@ -525,7 +764,17 @@ class Summary:
         if result.status == "harness-error":
             self.harness_errors.append(f"{result.digest}: {result.detail}")
             return
+        if result.status == "crashed":
+            self.crashes.append(f"{result.digest}: {result.detail}")
+            return
         self.checked += 1
+        self.arm_programs.update(result.arms)
+        if "compile+grad" in result.arms:
+            self.grad_reports[result.grad_report] += 1
+        self.mend_errors += [f"{result.digest}: {e}" for e in result.mend_errors]
+        self.gave_up += any(_RAISED_EAGERLY in n for n in result.notices)
+        if result.left:
+            self.left.append(f"{result.digest}: {'; '.join(result.left)}")
         self.graphs_before += result.graphs[0]
         self.graphs_after += result.graphs[1]
         for category, rule, status, reason in result.outcomes:
@@ -575,6 +824,8 @@ class Summary:
             *[f"  {e}" for e in self.mend_errors[:10]],
             f"harness errors: {len(self.harness_errors)}",
             *[f"  {e}" for e in self.harness_errors[:10]],
+            f"worker process crashes (a program it died on counts here, is not checked again, and the run goes on): {len(self.crashes)}",
+            *[f"  {e}" for e in self.crashes[:10]],
             f"backend differences (the unmended original differs the same way): {self.backend_differences}",
             *[f"  {e}" for e in self.backend_examples[:5]],
             f"programs where verification reverted a rewrite (caught before use): {len(self.reverted)}",
@@ -583,6 +834,14 @@ class Summary:
             f"trapped check lost to a later error under graphmend.compile (fixed in 315036a; regression test): {len(self.known)} programs",
             f"documented limitation (a tensor printed under autograd loses its grad_fn text): {self.documented} programs",
             f"programs where the backend failed on a graph, which ran as captured (graphmend.with_fallback): {self.fallbacks}",
+            f"graphmend.compile with no example inputs, after unmend: compile+grad (the first call mends under grad)"
+            f" on {self.arm_programs['compile+grad']} programs (report.grad True: {self.grad_reports[True]},"
+            f" False: {self.grad_reports[False]}, no report: {self.grad_reports[None]});"
+            f" threads ({THREADS} copies, first calls racing to mend) on {self.arm_programs['threads']} programs;"
+            f" gave up mending (the first calls raised eagerly) on {self.gave_up}",
+            f"threads arm: programs after which graphmend's wrapper was left as sys.stdout / sys.stderr /"
+            f" Logger.handle (a deferral region and a mend's capture of two threads that ended out of order): {len(self.left)}",
+            *[f"  {e}" for e in self.left[:3]],
             f"mismatches: {len(self.mismatches)}",
         ]
         for digest, diffs in self.mismatches[:20]:
@@ -590,11 +849,28 @@ class Summary:
         return "\n".join(lines)
 
 
-def save_failure(folder: str, program: Program, result: Result, params: dict[str, Any]) -> str:
+_DIED = re.compile(r"^# died: (.*)$", re.M)
+
+
+def _died_checking(path: str, program: Program) -> str | None:
+    """What ``path`` says killed the process that was checking ``program``; None when it
+    holds another program or no ``# died:`` line (a process that was stopped, not killed)."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    source = "\n".join(line for line in text.splitlines() if not line.startswith("# "))
+    found = _DIED.search(text)
+    return found.group(1) if found and source.strip() == program.source.strip() else None
+
+
+def save_failure(folder: str, program: Program, result: Result, params: dict[str, Any], name: str | None = None) -> str:
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"fuzz_{program.digest}.py")
+    path = os.path.join(folder, name or f"fuzz_{program.digest}.py")
     notes = [f"# {key}={value!r}" for key, value in params.items()]
     notes += [f"# {result.status}: {line}" for line in (result.mismatches or [result.detail])[:30]]
+    notes += [f"# left behind: {line}" for line in result.left] + [f"# mend error: {line}" for line in result.mend_errors]
     with open(path, "w") as fh:
         fh.write("\n".join(notes) + "\n" + program.source)
     return path
@@ -607,11 +883,13 @@ def run_many(
     grad_every: int = 3,
     inductor_every: int = 0,
     aot_every: int = 1,
+    threads_every: int = 0,
     max_statements: int = 6,
     failures: str | None = None,
     progress: Callable[[Summary], None] | None = None,
     progress_every: int = 50,
     resume: Summary | None = None,
+    inflight: str | None = None,
 ) -> Summary:
     """Check ``count`` generated programs; ``seed=None`` derandomizes (CI).
 
@@ -619,7 +897,14 @@ def run_many(
     checked and recorded, none is shrunk); mismatches are collected, not
     raised, and written to ``failures`` when given. ``resume``: the summary
     of an interrupted run with the same arguments; its programs are drawn
-    again (the draw is deterministic for a seed) but not checked."""
+    again (the draw is deterministic for a seed) but not checked.
+
+    ``inflight`` (default ``failures/inflight-<pid>.py``): the program being
+    checked is written there first and removed when its check returns, so a
+    process that dies checking it (a crash: the threads arm) leaves it
+    behind. A resumed run that meets the file with a ``# died: ...`` line
+    (``__main__.run_parallel`` adds it) and the same program counts that
+    program as crashed and goes on with the next."""
     import time
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -643,6 +928,8 @@ def run_many(
     )
     @given(programs(max_statements=max_statements), st.integers(0, 2**16), st.integers(0, 7))
     def one(program: Program, input_seed: int, start: int) -> None:
+        if STUCK:  # a threads arm never ended: its threads may hold graphmend's locks
+            return
         if skip[0] > 0:  # checked before the run was interrupted
             skip[0] -= 1
             return
@@ -653,16 +940,32 @@ def run_many(
             "grad": grad_every > 0 and index % grad_every == 0,
             "inductor": inductor_every > 0 and index % inductor_every == 0,
             "aot": aot_every > 0 and index % aot_every == 0,
+            # offset from the grad programs (both every 4th: not the same ones)
+            "threads": threads_every > 0 and index % threads_every == threads_every // 2,
         }
-        try:
-            result = check_program(program, folder=folder, **params)
-        except Exception as exc:  # a harness bug must not end a long run
-            result = Result(program.digest, "harness-error", detail=f"{type(exc).__name__}: {exc}"[:300])
-            graphmend.unmend()
-            torch._dynamo.reset()
+        # The program being checked, until its check returns: what a worker process that died
+        # (a crash: threads arm) was checking. The parent names these files (__main__.py).
+        path = inflight or (os.path.join(failures, f"inflight-{os.getpid()}.py") if failures else None)
+        died = _died_checking(path, program) if path else None
+        if died is not None:  # the process before this one died checking it: not again
+            result = Result(program.digest, "crashed", detail=died)
+            os.remove(path)
+        else:
+            if path:
+                note = Result(program.digest, "in flight", detail="the process died checking it")
+                save_failure(os.path.dirname(path), program, note, params, name=os.path.basename(path))
+            try:
+                result = check_program(program, folder=folder, **params)
+            except Exception as exc:  # a harness bug must not end a long run
+                result = Result(program.digest, "harness-error", detail=f"{type(exc).__name__}: {exc}"[:300])
+                if not STUCK:
+                    graphmend.unmend()
+                    torch._dynamo.reset()
+            if path:
+                os.remove(path)
         summary.add(result)
         summary.seconds = time.perf_counter() - began
-        if failures and (result.status in ("mend-error", "harness-error") or result.mismatches):
+        if failures and (result.status in ("mend-error", "harness-error", "crashed") or result.mismatches or result.left or result.mend_errors):
             save_failure(failures, program, result, params)
         elif failures and any(status == "reverted" for _, _, status, _ in result.outcomes):
             save_failure(os.path.join(failures, "reverted"), program, result, params)
