@@ -34,9 +34,16 @@ from .verify import quiet
 
 _ACTIVE: dict[int, tuple[Any, Mending]] = {}
 _LOCK = threading.Lock()
-# One mend (or unmend) at a time in the process: mending rewrites shared function objects, and two
-# models of the same classes mended by two threads at once would rewrite the same functions.
-_MENDING = threading.RLock()
+
+
+def _alone() -> Any:
+    """Held through a mend, an unmend or a re-measure: the regions' lock
+    (runtime.exclusive). Mending rewrites shared function objects (two models
+    of one class mended by two threads at once would rewrite the same
+    functions) and resets Dynamo, which crashes a compiled call running in
+    another thread (torch 2.13, no graphmend needed); every call
+    graphmend.compile makes holds the same lock, in its region."""
+    return runtime.exclusive()
 
 
 def _remember(key: Any, mending: Mending) -> None:
@@ -63,7 +70,7 @@ def _mend(
 ) -> MendReport:
     check_environment()
     target = target_from_objects(model, args, kwargs)
-    with _MENDING, quiet():  # analysis runs of the model: their output is not the user's
+    with _alone(), quiet():  # analysis runs of the model: their output is not the user's
         report, mending = mend_target(target, rules=tuple(rules), verify=verify, grad=grad)
         _remember(model, mending)
         mending.report = report
@@ -93,7 +100,7 @@ def unmend(obj: Any = None) -> None:
             key = _mend_subject(key)
             entry = _ACTIVE.pop(id(key), None)
             items = [entry] if entry else []
-    with _MENDING:
+    with _alone():
         for _, mending in items:
             mending.undo()
 
@@ -254,7 +261,7 @@ class _Mender:
         if mending is None:
             return
         try:
-            with _MENDING, quiet():
+            with _alone(), quiet():
                 report, changed = report_in_mode(self.reports[not grad], mending, grad, args, kwargs)
             if changed:  # rewrites were taken back: the other mode's report is out of date
                 self.reports.clear()

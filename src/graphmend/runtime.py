@@ -201,7 +201,7 @@ def _before_effect(origin: str | None = None) -> None:
     so a warning or log record is torch's own, and a set trap must not raise
     inside the compiler."""
     sink = _STATE.sink
-    if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or torch.compiler.is_compiling():
+    if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or _compiling_here():
         return
     if _STATE.speculating:
         # Nothing of a speculating call may happen before its guesses are
@@ -351,12 +351,27 @@ def _recording() -> bool:
     if torch.compiler.is_exporting():
         return False  # torch.export: nothing is recorded (see "Export" in the module doc)
     if _STATE.sink is None:
-        if torch.compiler.is_compiling():
+        if _traced():
             _note_unguarded()
         return False
-    if not torch.compiler.is_compiling() and _STATE.owner != threading.get_ident():
+    if not _traced() and _STATE.owner != threading.get_ident():
         return False  # an eager call from another thread: not this region's effect
     return True
+
+
+def _traced() -> bool:
+    """Whether Dynamo is tracing this code (a constant it folds). Not
+    ``torch.compiler.is_compiling()``: in eager code that is a process-wide
+    flag, set while any thread compiles, and another thread's eager call of
+    mended code would record into this thread's region."""
+    return torch.compiler.is_dynamo_compiling()
+
+
+def _compiling_here() -> bool:
+    """Whether this thread is inside a Dynamo compile (its own eager callbacks:
+    torch's warnings and logs while it compiles). Thread-local, unlike
+    ``torch.compiler.is_compiling()``."""
+    return torch._guards.CompileContext.try_get() is not None
 
 
 def _push(record: tuple) -> None:
@@ -686,7 +701,7 @@ class Mispredicted(BaseException):
 def speculate(site: Site, value: Any) -> Any:
     """``value.item()``; compiled inside a speculating call, the value the site
     had last (a constant Dynamo guards on), recorded to be checked at the end."""
-    if not torch.compiler.is_compiling():
+    if not _traced():
         result = value.item()
         if _STATE.sink is not None and _STATE.owner == threading.get_ident():
             _PREDICTED.setdefault(site, result)  # learn: eagerly, in a region
