@@ -160,11 +160,13 @@ class ThreadCapture:
                 warnings._showwarnmsg_impl = show
                 yield self
         finally:
-            if logging.Logger.handle is not handle:
+            # graphmend's own channel wrappers stay once installed (they pass through outside
+            # a region or capture): what matters is that they wrap this capture's hooks.
+            if unwrapped(logging.Logger.handle) is not handle:
                 self.left.append(f"logging.Logger.handle: {_named(logging.Logger.handle)}")
             logging.Logger.handle = original_handle
             for name, mine, saved in (("stdout", out, saved_out), ("stderr", err, saved_err)):
-                if getattr(sys, name) is not mine:
+                if unwrapped(getattr(sys, name)) is not mine:
                     self.left.append(f"sys.{name}: {_named(type(getattr(sys, name)))} wrapping {_named(type(getattr(getattr(sys, name), '_inner', None)))}")
                 setattr(sys, name, saved)
 
@@ -181,6 +183,14 @@ class ThreadCapture:
             stack.remove(buffers)
             cap.stdout, cap.stderr = buffers["stdout"].getvalue(), buffers["stderr"].getvalue()
 
+
+
+def unwrapped(obj):
+    """``obj`` without graphmend's channel wrappers on top (each tagged ``_graphmend``,
+    keeping what it wraps as ``_inner``; installed once, they pass through)."""
+    while isinstance(getattr(obj, "__dict__", None), dict) and "_graphmend" in vars(obj):
+        obj = vars(obj)["_inner"]
+    return obj
 
 
 def _named(value):

@@ -71,9 +71,9 @@ from graphmend.discovery import _function_name
 from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
-    from effects_capture import ThreadCapture, capture
+    from effects_capture import ThreadCapture, capture, unwrapped
 except ImportError:
-    from tests.effects_capture import ThreadCapture, capture
+    from tests.effects_capture import ThreadCapture, capture, unwrapped
 
 from .generator import Program
 
@@ -306,7 +306,10 @@ def _process_state() -> dict[str, Any]:
     """What graphmend changes process-wide while it runs, and must put back: the hooks it
     wraps (``warnings._showwarnmsg``, the log record factory), a ``findCaller`` it sets on
     a logger while it performs a deferred record, the Dynamo flags of a mending's capture."""
-    state: dict[str, Any] = {"warnings._showwarnmsg": warnings._showwarnmsg, "logging record factory": logging.getLogRecordFactory()}
+    state: dict[str, Any] = {
+        "warnings._showwarnmsg": unwrapped(warnings._showwarnmsg),  # graphmend's wrappers stay, passing through
+        "logging record factory": unwrapped(logging.getLogRecordFactory()),
+    }
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and "findCaller" in vars(logger):
             state[f"logger {name!r} findCaller"] = vars(logger)["findCaller"]
