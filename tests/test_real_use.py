@@ -6,9 +6,11 @@ import contextlib
 import copy
 import io
 import logging
+import os
 import random
 import sys
 import threading
+import time
 import warnings
 
 import pytest
@@ -402,3 +404,115 @@ def test_discovery_sees_every_break_with_logging_disabled():
     assert [(s.line, s.category) for s in blind.sites] == [(s.line, s.category) for s in seen.sites]
     assert len(blind.sites) == 6 and blind.warnings == []
     assert report.after.graphs == 1
+
+
+def test_another_threads_compile_does_not_take_this_threads_eager_effects():
+    """torch.compiler.is_compiling() is process-wide in eager code (torch 2.13): while thread A
+    compiled inside its region, an eager deferred print on another thread was recorded into
+    A's region and printed when it closed. It prints at once, on its own thread."""
+    compiling, go = threading.Event(), threading.Event()
+
+    def slow_backend(gm, example_inputs):
+        compiling.set()
+        go.wait(30)
+        return gm.forward
+
+    def compile_in_a_region():
+        with runtime.region():
+            torch.compile(lambda x: x + 1, backend=slow_backend)(torch.ones(1))
+
+    with _heard() as (lines, _):
+        a = threading.Thread(target=compile_in_a_region, name="A")
+        a.start()
+        try:
+            assert compiling.wait(30)
+            runtime.print_(("__main__", 1, "<module>"), ("now",), {})
+            assert lines.lines("MainThread") == ["now"] and lines.lines("A") == []
+        finally:
+            go.set()
+            a.join()
+        assert lines.lines("A") == []
+
+
+def test_a_relocated_log_record_leaves_the_logger_as_it_was():
+    """Two threads performing records of one logger at once (a region's flush, a mended
+    call outside a region): the findCaller graphmend sets on the logger for each was put
+    back out of order and stayed, and every later record named graphmend's runtime."""
+    a_in, b_in = threading.Event(), threading.Event()
+    seen = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            seen.append((record.getMessage(), os.path.basename(record.pathname), record.lineno, record.funcName))
+            if record.getMessage() == "from A":
+                a_in.set()
+                b_in.wait(1)
+
+    logger = logging.getLogger("graphmend.tests.real_use.relocated")
+    logger.addHandler(Handler())
+    logger.propagate = False
+    site = (__name__, 10, "forward")
+
+    def a():
+        runtime._call_logger(site, logger, "warning", ("from A",), {})
+
+    def b():
+        a_in.wait(10)
+        runtime._call_logger(site, logger, "warning", ("from B",), {})
+        b_in.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "findCaller" not in vars(logger)
+    logger.warning("later")
+    here = os.path.basename(__file__)
+    assert seen[:2] == [("from A", here, 10, "forward"), ("from B", here, 10, "forward")]
+    assert seen[2][:2] == ("later", here) and seen[2][3] == "test_a_relocated_log_record_leaves_the_logger_as_it_was"
+
+
+def test_a_mend_keeps_other_models_calls_out_until_it_ends(monkeypatch):
+    """Mending resets Dynamo, which crashes a compiled call running in another thread
+    (torch 2.13, no graphmend needed), and rewrites shared functions: graphmend.compile's
+    calls of other models wait for a mend to end (they hold the same lock)."""
+    torch.manual_seed(0)
+    first = graphmend.compile(Chatty().eval(), backend=CountingBackend(), example_inputs=(torch.ones(2, 4),))
+    starts, window = [], []
+    first._orig_mod.register_forward_pre_hook(lambda module, args: starts.append(time.monotonic()))
+    real = api.mend_target
+
+    def slow_mend(*args, **kwargs):
+        window.append(time.monotonic())
+        time.sleep(1.0)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            window.append(time.monotonic())
+
+    monkeypatch.setattr(api, "mend_target", slow_mend)
+    stop, serving = threading.Event(), threading.Event()
+
+    def serve():
+        with torch.no_grad(), captured():
+            while not stop.is_set():
+                first(torch.ones(2, 4))
+                serving.set()
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        assert serving.wait(30)
+        with torch.no_grad(), captured():
+            second = graphmend.compile(Checked().eval(), backend=CountingBackend())
+            second(torch.ones(2, 4))
+        deadline = time.monotonic() + 30
+        while not (window and starts[-1] > window[-1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        server.join()
+    assert second.report is not None and len(window) == 2
+    assert [t for t in starts if window[0] < t < window[1]] == []
+    assert any(t < window[0] for t in starts) and any(t > window[1] for t in starts)
