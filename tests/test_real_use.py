@@ -516,3 +516,31 @@ def test_a_mend_keeps_other_models_calls_out_until_it_ends(monkeypatch):
     assert second.report is not None and len(window) == 2
     assert [t for t in starts if window[0] < t < window[1]] == []
     assert any(t < window[0] for t in starts) and any(t > window[1] for t in starts)
+
+
+def test_a_capture_routes_again_above_someone_elses_wrapper():
+    """A wrapper of sys.stdout installed after graphmend's router (a harness's, say), which
+    keeps the router as ``_inner``: the next capture puts a router above it, or the
+    wrapper would see the capture's writes first."""
+
+    class Proxy:
+        def __init__(self, inner):
+            self._inner, self.text = inner, ""
+
+        def write(self, text):
+            self.text += text
+            return self._inner.write(text)
+
+        def flush(self):
+            pass
+
+    with _heard() as (lines, _):
+        with captured():
+            print("first")
+        proxy = sys.stdout = Proxy(sys.stdout)
+        with captured() as effects:
+            print("second")
+        print("third")
+        sys.stdout = lines
+    assert effects.stdout.getvalue() == "second\n"
+    assert proxy.text == "third\n" and lines.lines("MainThread") == ["third"]

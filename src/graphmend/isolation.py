@@ -164,12 +164,15 @@ def _route() -> None:
 
 
 def _routed(obj: Any) -> bool:
-    """Whether a router is ``obj`` or lies below it (graphmend's wrappers keep what they wrap as ``_inner``)."""
+    """Whether a router is ``obj`` or lies below it under graphmend's wrappers
+    only (each tagged ``_graphmend``, keeping what it wraps as ``_inner``; the
+    runtime's watchers among them). One under someone else's wrapper would
+    see their writes too late."""
     for _ in range(64):
         own = getattr(obj, "__dict__", None)
-        if not isinstance(own, dict):
+        if not isinstance(own, dict) or "_graphmend" not in own:
             return False
-        if own.get("_graphmend") == "isolation":
+        if own["_graphmend"] == "isolation":
             return True
         obj = own.get("_inner")
     return False

@@ -245,14 +245,15 @@ class _Stream:
 
 
 def _watching(obj: Any, tag: str) -> bool:
-    """Whether a wrapper tagged ``tag`` is ``obj`` or lies below it: graphmend's
-    wrappers of a channel keep what they wrap as ``_inner`` (the runtime's
-    and those graphmend's analysis puts there while it runs the model)."""
+    """Whether a wrapper tagged ``tag`` is ``obj`` or lies below it under
+    graphmend's wrappers only (each tagged ``_graphmend``, keeping what it
+    wraps as ``_inner``: the runtime's, and those graphmend's analysis puts
+    there). One under someone else's wrapper would see their writes too late."""
     for _ in range(64):
         own = getattr(obj, "__dict__", None)
-        if not isinstance(own, dict):
+        if not isinstance(own, dict) or "_graphmend" not in own:
             return False
-        if own.get("_graphmend") == tag:
+        if own["_graphmend"] == tag:
             return True
         obj = own.get("_inner")
     return False
