@@ -334,7 +334,8 @@ def test_a_set_trap_raises_before_a_model_effect_but_not_inside_the_compiler():
         warnings.simplefilter("always")
         with rt.region():
             rt.trap(site, torch.tensor(True), ValueError, ("bad values",))
-            with torch.compiler._compile_session_context():  # what Dynamo holds while it compiles
+            # what Dynamo holds, on its own thread, while it compiles a frame (AOTAutograd and the backend too)
+            with torch._guards.compile_context(torch._guards.CompileContext(None)):
                 warnings.warn("torch's own, while compiling")
             assert [str(w.message) for w in shown] == ["torch's own, while compiling"]
             warnings.warn("the model's, after the check")  # eager would have raised before it
