@@ -53,7 +53,7 @@ def run(fn, *args, **kwargs):
 
     Once-only logger methods get a private cache, so every run is a "first"
     call whatever ran before it in the test process."""
-    from graphmend.verify import fresh_once_caches
+    from graphmend.rewrite.verify import fresh_once_caches
 
     with capture() as cap, torch.no_grad(), fresh_once_caches():
         try:

@@ -1,5 +1,5 @@
 """Which asserts of a function graphmend takes as compiled into the graph
-(src/graphmend/asserts.py): where [Defer] applies, a graph break goes before
+(src/graphmend/analysis/asserts.py): where [Defer] applies, a graph break goes before
 each one, which may fail inside the graph."""
 
 import ast
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphmend.asserts import held_asserts
+from graphmend.analysis.asserts import held_asserts
 
 WINDOW = 4
 SCALE = torch.ones(2)

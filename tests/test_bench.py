@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from graphmend import bench as B
-from graphmend import cli
+from graphmend.tools import bench as B
+from graphmend.tools import cli
 
 PATTERNS = os.path.join(os.path.dirname(__file__), "fixtures", "patterns.py")
 

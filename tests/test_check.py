@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from graphmend import cli
+from graphmend.tools import cli
 from graphmend.check import CODES, check_paths, parse_select
 
 HERE = os.path.dirname(__file__)

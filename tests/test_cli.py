@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from graphmend import cli
+from graphmend.tools import cli
 
 HERE = os.path.dirname(__file__)
 PATTERNS = os.path.join(HERE, "fixtures", "patterns.py")
@@ -99,13 +99,13 @@ def test_debug_flag_shows_traceback(capsys):
 
 
 def test_usage_error_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "graphmend.cli", "explain"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "graphmend", "explain"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
 def test_console_script_in_subprocess_has_no_traceback():
     proc = subprocess.run(
-        [sys.executable, "-m", "graphmend.cli", "explain", "missing.py:f"], capture_output=True, text=True
+        [sys.executable, "-m", "graphmend", "explain", "missing.py:f"], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "graphmend: error: no such file: missing.py"

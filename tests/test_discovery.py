@@ -7,9 +7,9 @@ import torch
 
 import patterns as P
 from conftest import counting_graphs
-from graphmend import demo
-from graphmend.discovery import parse_event, trace_breaks
-from graphmend.explain import explain
+from graphmend.models import demo
+from graphmend.discover.trace import parse_event, trace_breaks
+from graphmend.discover.explain import explain
 
 X = P._x()
 

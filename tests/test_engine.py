@@ -9,7 +9,7 @@ import engine_cases as C
 import graphmend
 import userpkg
 from effects_capture import CountingBackend, run
-from graphmend import engine
+from graphmend.rewrite import engine
 from graphmend.rules import Decline
 
 X = C.inputs()
@@ -111,7 +111,7 @@ def test_unmend_restores_exact_code_objects_for_all_shapes():
 def test_compile_falls_back_to_the_original_when_mending_fails(monkeypatch):
     import importlib
 
-    M = importlib.import_module("graphmend.mend")  # the module, not the graphmend.mend function
+    M = importlib.import_module("graphmend.pipeline")  # the module, not the graphmend.mend function
 
     model = C.UsesSuper()
     original = C.UsesSuper.forward.__code__

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from graphmend import cli
+from graphmend.tools import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,9 +91,9 @@ def test_error_row(situation, command, code, says, capsys, monkeypatch, tmp_path
 
 
 def _mend_fixture(factory):
-    from graphmend.mend import mend_target
-    from graphmend.targets import load_target
-    from graphmend.verify import quiet
+    from graphmend.pipeline import mend_target
+    from graphmend.models.targets import load_target
+    from graphmend.rewrite.verify import quiet
 
     with quiet():
         target = load_target(os.path.join(ROOT, "tests", "fixtures", f"odd_targets.py:{factory}"))

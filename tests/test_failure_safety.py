@@ -13,12 +13,13 @@ import pytest
 import torch
 
 import graphmend
-from graphmend import demo, engine, verify
+from graphmend.models import demo
+from graphmend.rewrite import engine, verify
 from graphmend.rules import load_rules
 
 from effects_capture import CountingBackend, run
 
-mend_module = importlib.import_module("graphmend.mend")  # graphmend.mend is also the API function
+mend_module = importlib.import_module("graphmend.pipeline")  # graphmend.mend is also the API function
 
 
 def _fault(*args, **kwargs):
@@ -92,7 +93,7 @@ def test_a_fault_in_any_stage_keeps_the_model_working(stage, reference, monkeypa
 def test_a_fault_in_the_assert_guard_reverts_only_the_rewrites_that_record(reference, monkeypatch):
     """barriers.guard_model keeps records safe from asserts that fail inside the graph: when it
     fails, the records cannot be shown safe, so [Defer] and [Trap] are reverted, the rest kept."""
-    from graphmend import barriers
+    from graphmend.passes import barriers
 
     expected, _ = reference
     monkeypatch.setattr(barriers, "guard_model", _fault)
@@ -214,7 +215,7 @@ def test_dynamo_control_flow_from_the_backend_passes_through():
 
 
 def test_the_backend_gets_the_mode_and_options_torch_compile_would_give_it():
-    from graphmend.fallback import FallbackBackend
+    from graphmend.rewrite.fallback import FallbackBackend
 
     seen = []
 

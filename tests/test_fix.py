@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import graphmend
-from graphmend import cli
-from graphmend import fix as F
-from graphmend.targets import load_target
-from graphmend.verify import quiet
+from graphmend.tools import cli
+from graphmend.tools import fix as F
+from graphmend.models.targets import load_target
+from graphmend.rewrite.verify import quiet
 
 from effects_capture import CountingBackend, run
 

@@ -114,7 +114,7 @@ def test_the_threads_arm_reports_a_print_lost_on_another_thread(monkeypatch):
     import threading
 
     from fuzz.generator import Program
-    from graphmend import isolation
+    from graphmend.discover import isolation
 
     flush = graphmend.runtime.flush
 
@@ -136,7 +136,7 @@ def test_the_compile_grad_arm_reports_a_gradient_difference(monkeypatch):
     """The harness can fail: a graphmend.compile call that nudges the gradient of its output
     by one part in 2**20 under grad is caught by the compile+grad arm (gradients to the bit)."""
     from fuzz.generator import Program
-    from graphmend.mend import MendReport
+    from graphmend.pipeline import MendReport
 
     class Nudge(torch.autograd.Function):
         @staticmethod
@@ -239,7 +239,7 @@ def test_worker_summaries_merge_into_one():
 
 def test_inductor_text_numbers_compare_to_the_output_tolerance():
     from fuzz.runner import _close
-    from graphmend.verify import Observation
+    from graphmend.rewrite.verify import Observation
 
     eager = Observation(stdout="mean 0.6296598315\n", warnings=[("UserWarning", "h 30.8125", "f.py", 3)])
     fused = Observation(stdout="mean 0.6296597719\n", warnings=[("UserWarning", "h 30.8127", "f.py", 3)])

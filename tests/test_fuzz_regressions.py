@@ -13,7 +13,7 @@ from torch import nn
 import graphmend
 from effects_capture import run
 import library_effects
-from graphmend.verify import Observation, compare
+from graphmend.rewrite.verify import Observation, compare
 
 
 @pytest.fixture(autouse=True)
@@ -291,8 +291,8 @@ def test_a_check_reported_without_its_callers_still_sees_their_state_changes():
 
 def test_callers_unknown_declines_the_check():
     from fixtures.trap_callers import Block, UpdatesAfterBlocks
-    from graphmend.chains import complete
-    from graphmend.discovery import Frame
+    from graphmend.discover.chains import complete
+    from graphmend.discover.trace import Frame
 
     import fixtures.trap_callers as fixture
 
@@ -672,7 +672,7 @@ def test_records_before_an_assert_compiled_into_the_same_graph_in_another_functi
     assert report.to_dict()["kept"] == report.kept
     from rich.console import Console
 
-    from graphmend.render import render_mend
+    from graphmend.tools.render import render_mend
 
     console = Console(record=True, width=100)
     render_mend(report, console)
@@ -693,7 +693,7 @@ def test_a_trapped_check_before_an_assert_in_another_block_keeps_its_exception()
 def test_held_wraps_every_assert_form_once_and_settles_statements_seen_as_tensors():
     import ast
 
-    from graphmend import barriers
+    from graphmend.passes import barriers
 
     fdef = ast.parse(
         "def f(x):\n"
@@ -777,7 +777,7 @@ def test_the_runner_takes_a_gradient_within_rounding_as_the_backends_and_one_bey
     """The allowance itself, on observations made up for it: what the test above meets on machines
     whose sums differ, whatever this machine's sums are."""
     from fuzz.runner import _differences, _grads_rounded_to
-    from graphmend.verify import Observation
+    from graphmend.rewrite.verify import Observation
 
     grad = torch.tensor([0.5, -0.25, 1.0])
     expected = Observation(output=(torch.ones(2), {"lin.weight": grad}))

@@ -12,11 +12,11 @@ import torch
 import graphmend
 from conftest import counting_graphs, has_transformers
 from effects_capture import CountingBackend, run
-from graphmend.capture import SCALAR, Capture
+from graphmend.discover.capture import SCALAR, Capture
 from graphmend.rules import load_rules
-from graphmend.verify import tensors_in
+from graphmend.rewrite.verify import tensors_in
 
-mend_module = importlib.import_module("graphmend.mend")  # graphmend.mend is also the API function
+mend_module = importlib.import_module("graphmend.pipeline")  # graphmend.mend is also the API function
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import torch
 
 import graphmend
 from graphmend import api, runtime
-from graphmend.isolation import captured, random_state_kept
+from graphmend.discover.isolation import captured, random_state_kept
 
 from effects_capture import CountingBackend
 from real_use import LOGGER, Blocks, Chatty, Checked, CheckedAndPrinted, Dropped
@@ -390,7 +390,7 @@ def test_the_report_is_measured_in_the_grad_mode_of_the_calls():
 
 
 def test_discovery_sees_every_break_with_logging_disabled():
-    from graphmend import demo
+    from graphmend.models import demo
 
     model, args, _ = demo.build()
     seen = graphmend.explain(model, *args)

@@ -18,8 +18,8 @@ import graphmend
 import scalars as S
 from conftest import has_transformers
 from effects_capture import CountingBackend, bits_equal, run
-from graphmend.capture import DYNAMIC, SCALAR, Trial, decide
-from graphmend.verify import tensors_in
+from graphmend.discover.capture import DYNAMIC, SCALAR, Trial, decide
+from graphmend.rewrite.verify import tensors_in
 
 
 @pytest.fixture(autouse=True)
@@ -105,9 +105,9 @@ def test_routing_loop_declines_with_reason(cls, reason):
 
 def test_loop_rewrite_reverted_when_no_capture_helps(monkeypatch):
     """Without capture the full loop recompiles more than the original: undone."""
-    import graphmend.capture
+    import graphmend.discover.capture
 
-    monkeypatch.setattr(graphmend.capture, "candidates", lambda categories: [])
+    monkeypatch.setattr(graphmend.discover.capture, "candidates", lambda categories: [])
     model = S.MoE()
     reference = copy.deepcopy(model)
     x = S.moe_inputs()
@@ -227,8 +227,8 @@ def test_item_in_control_flow_declined_and_capture_refused():
 
 
 def test_capture_not_measured_when_scalar_rule_is_off():
-    from graphmend.mend import mend_target
-    from graphmend.targets import target_from_objects
+    from graphmend.pipeline import mend_target
+    from graphmend.models.targets import target_from_objects
 
     report, mending = mend_target(target_from_objects(S.ItemKept(), (S.item_inputs(),), {}), rules=("where", "defer"))
     mending.undo()
@@ -296,7 +296,7 @@ def _starved(model, kwargs):
 @pytest.mark.zoo
 @zoo
 def test_mixtral_one_graph_identical_when_experts_get_no_tokens():
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("mixtral")
     config = model.config
@@ -329,7 +329,7 @@ def test_longformer_reaches_one_graph_by_speculation_outputs_identical_with_glob
     it is refused, and no [Scalar] source rewrite applies; [Speculate] guesses
     the value (checked when the call ends) and the model compiles to one graph.
     With global attention the guess is wrong once: the call runs again."""
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     graphmend.runtime.RERUNS.clear()
     model, args, kwargs = build("longformer")
@@ -371,7 +371,7 @@ def _mend_row(row):
     target = row if row == "demo" else f"zoo:{row}"
     argv = ["mend", target, "--json"] + ([] if row in SCALAR_ROWS else ["--no-verify"])
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from graphmend.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+        [sys.executable, "-c", "import sys; from graphmend.tools.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
         capture_output=True,
         text=True,
         timeout=900,
@@ -384,7 +384,7 @@ def _mend_row(row):
 @pytest.mark.slow
 @zoo
 def test_no_zoo_row_gets_more_graphs_or_recompiles():
-    from graphmend.zoo import ROWS
+    from graphmend.models.zoo import ROWS
 
     assert set(GRAPHS_AFTER_BEFORE_SCALAR) == set(ROWS) | {"demo"}
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -2,7 +2,7 @@
 
 import json
 
-from graphmend import cli
+from graphmend.tools import cli
 
 
 def test_quick_suite_rows_totals_json_and_chart(tmp_path, capsys):

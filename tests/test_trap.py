@@ -124,7 +124,7 @@ def test_analysis_does_not_touch_the_users_model():
 
 
 def test_demo_validation_guard_raises_the_same_error_compiled():
-    from graphmend import demo
+    from graphmend.models import demo
 
     model, args, _ = demo.build()
     reference = copy.deepcopy(model)
@@ -163,9 +163,9 @@ LOOPS = os.path.join(os.path.dirname(__file__), "fixtures", "trap_loops.py")
 
 
 def _trap_outcome(factory):
-    from graphmend.mend import mend_target
-    from graphmend.targets import load_target
-    from graphmend.verify import quiet
+    from graphmend.pipeline import mend_target
+    from graphmend.models.targets import load_target
+    from graphmend.rewrite.verify import quiet
 
     with quiet():
         report, mending = mend_target(load_target(f"{LOOPS}:{factory}"))

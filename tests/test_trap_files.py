@@ -102,7 +102,7 @@ def test_break_chains_keep_every_caller_frame():
     """Dynamo's report folds adjacent frames of one name (every inlined
     ``forward``) and starts with the stack above the compiled call; discovery
     keeps each caller and drops that stack."""
-    from graphmend.discovery import is_library_internal, trace_breaks
+    from graphmend.discover.trace import is_library_internal, trace_breaks
 
     trace = trace_breaks(two.ViaCounting(), (GOOD.clone(),))
     here = os.path.dirname(blocks.__file__)
@@ -146,7 +146,7 @@ def test_dataparallel_still_checks_the_wrapped_parent():
 
 @CPU_ONLY
 def test_only_a_one_device_dataparallel_is_transparent():
-    from graphmend.chains import entry_keys
+    from graphmend.discover.chains import entry_keys
 
     inner = entry_keys(two.Parent())
     assert inner <= entry_keys(torch.nn.DataParallel(two.Parent()))

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 
 import graphmend
-from graphmend import zoo
+from graphmend.models import zoo
 from graphmend.errors import TargetError
 
 TABLE_2_ORDER = [
@@ -129,9 +129,9 @@ def test_wrong_transformers_version_is_a_target_error(monkeypatch):
 def test_importing_the_zoo_does_not_import_transformers():
     src = str(Path(graphmend.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    code = "import sys, graphmend.zoo; sys.exit(1 if 'transformers' in sys.modules else 0)"
+    code = "import sys, graphmend.models.zoo; sys.exit(1 if 'transformers' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr or "graphmend.zoo imported transformers"
+    assert done.returncode == 0, done.stderr or "graphmend.models.zoo imported transformers"
 
 
 # ---------------------------------------------------------------- builds

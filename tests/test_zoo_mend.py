@@ -7,7 +7,7 @@ import torch
 import graphmend
 from conftest import has_transformers
 from effects_capture import CountingBackend, run
-from graphmend.verify import tensors_in
+from graphmend.rewrite.verify import tensors_in
 
 pytestmark = [
     pytest.mark.zoo,
@@ -31,7 +31,7 @@ def _bitwise(a, b):
 
 @pytest.mark.parametrize("row", LC_ROWS)
 def test_lc_row_reaches_one_graph_with_identical_outputs_and_logs(row):
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build(row)
     eager = run(model, *args, **kwargs)
@@ -48,7 +48,7 @@ def test_lc_row_reaches_one_graph_with_identical_outputs_and_logs(row):
 
 
 def test_longformer_loses_every_break():
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("longformer")
     eager = run(model, *args, **kwargs)
@@ -62,7 +62,7 @@ def test_longformer_loses_every_break():
 
 @pytest.mark.slow
 def test_t5_with_inductor_matches_eager_within_tolerance():
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("t5")
     with torch.no_grad():
@@ -75,8 +75,8 @@ def test_t5_with_inductor_matches_eager_within_tolerance():
 
 def test_analysis_runs_neither_swallow_nor_repeat_warning_once():
     from effects_capture import capture
-    from graphmend.verify import fresh_once_caches
-    from graphmend.zoo import build
+    from graphmend.rewrite.verify import fresh_once_caches
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("t5")
     with fresh_once_caches():  # a process where the message was never logged
@@ -90,7 +90,7 @@ def test_analysis_runs_neither_swallow_nor_repeat_warning_once():
 
 
 def _fp16_overflowing(row):
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build(row)
     with torch.no_grad():  # make the encoder's first layer overflow fp16 so the clamp runs
@@ -103,7 +103,7 @@ def _fp16_overflowing(row):
 def test_fp16_rows_reach_one_graph_and_stay_exact(row, overflow):
     import copy
 
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = _fp16_overflowing(row) if overflow else build(row)
     reference = copy.deepcopy(model)
@@ -132,7 +132,7 @@ def test_fp16_rows_reach_one_graph_and_stay_exact(row, overflow):
 def test_phi3_longrope_both_sides_of_the_threshold_without_recompile():
     import copy
 
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("phi3-longrope")
     ids = kwargs["input_ids"]
@@ -154,7 +154,7 @@ def test_phi3_longrope_both_sides_of_the_threshold_without_recompile():
 def test_grounding_dino_loses_its_validation_guard_breaks():
     import copy
 
-    from graphmend.zoo import build
+    from graphmend.models.zoo import build
 
     model, args, kwargs = build("grounding-dino")
     reference = copy.deepcopy(model)

@@ -24,13 +24,19 @@ from typing import Any, Iterator
 
 import torch
 
-from . import runtime
-from .compat import check_environment
-from .errors import EagerFailure, UnsupportedEnvironment, describe
-from .fallback import FallbackBackend, compile_kwargs
-from .mend import DEFAULT_RULES, Mending, MendReport, mend_target, report_in_mode
-from .targets import target_from_objects
-from .verify import quiet
+from graphmend import runtime
+from graphmend.compat import check_environment
+from graphmend.errors import EagerFailure, UnsupportedEnvironment, describe
+from graphmend.models.targets import target_from_objects
+from graphmend.pipeline import (
+    DEFAULT_RULES,
+    Mending,
+    MendReport,
+    mend_target,
+    report_in_mode,
+)
+from graphmend.rewrite.fallback import FallbackBackend, compile_kwargs
+from graphmend.rewrite.verify import quiet
 
 _ACTIVE: dict[int, tuple[Any, Mending]] = {}
 _LOCK = threading.Lock()

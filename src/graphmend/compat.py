@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .errors import UnsupportedEnvironment
+from graphmend.errors import UnsupportedEnvironment
 
 SUPPORTED_TORCH = ((2, 13), (2, 14))  # [min, max) as (major, minor)
 SUPPORTED_PYTHON = (3, 10)

@@ -12,6 +12,7 @@ import torch
 
 import graphmend
 from graphmend import api
+from graphmend.rewrite.verify import quiet
 
 from .generator import Program
 from .runner import _first_valid, check_program, inputs_for, load
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     xs = inputs_for(seed)
     example = _first_valid(model, xs, start)
     print("example input", example)
-    with graphmend.verify.quiet():
+    with quiet():
         report = graphmend.mend(model, xs[example])
     for outcome in report.outcomes:
         print(f"{outcome.line:4d} {outcome.status:9s} [{outcome.rule}] {outcome.reason}")

@@ -31,7 +31,7 @@ For each program (``check_program``):
    single-threaded reference;
 5. after every call: output (bit for bit), exception (type and message),
    module state, stdout, stderr, log records and warnings, compared with
-   ``graphmend.verify.compare``; gradients of the input and every parameter
+   ``graphmend.rewrite.verify.compare``; gradients of the input and every parameter
    (bit for bit; under ``aot_eager`` a zero of either sign, see
    ``_zero_grads_unsigned``). Inductor outputs are compared to a tolerance.
 
@@ -67,8 +67,8 @@ import torch
 
 import graphmend
 from graphmend import runtime
-from graphmend.discovery import _function_name
-from graphmend.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
+from graphmend.discover.trace import _function_name
+from graphmend.rewrite.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
     from effects_capture import ThreadCapture, capture, unwrapped
@@ -672,7 +672,7 @@ _HOOK_SILENCED = "raised an exception that was silenced as another error was rai
 
 
 # The backends compile as graphmend.compile does: a graph the backend fails on runs as
-# captured (src/graphmend/fallback.py). Counted in the summary, never hidden.
+# captured (src/graphmend/rewrite/fallback.py). Counted in the summary, never hidden.
 def _aot(model: torch.nn.Module) -> Callable:
     return torch.compile(model, backend=graphmend.with_fallback("aot_eager"))
 

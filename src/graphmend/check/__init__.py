@@ -67,8 +67,8 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..errors import GraphmendError
-from .find import CODES, Finding, find_in_source
+from graphmend.check.find import CODES, Finding, find_in_source
+from graphmend.errors import GraphmendError
 
 __all__ = ["CODES", "CheckReport", "Finding", "check_paths", "parse_select"]
 

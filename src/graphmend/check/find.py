@@ -20,12 +20,17 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..analysis import FunctionFacts, _is_torch_attr, is_tensor_expr
-from ..sites import _is_guard_if, is_side_effect_call
-from ..source import dotted_name
-from . import safety
-from .scope import ModuleScope, reachable_from_forward
-from .tensors import is_bool_tensor, optimistic_facts, tensor_facts, tensor_truth
+from graphmend.analysis.facts import FunctionFacts, is_tensor_expr, is_torch_attr
+from graphmend.analysis.source import dotted_name
+from graphmend.check import safety
+from graphmend.check.scope import ModuleScope, reachable_from_forward
+from graphmend.check.tensors import (
+    is_bool_tensor,
+    optimistic_facts,
+    tensor_facts,
+    tensor_truth,
+)
+from graphmend.discover.sites import is_guard_if, is_side_effect_call
 
 #: code -> (rule or None, what it flags). The table in the package doc.
 CODES: dict[str, tuple[str | None, str]] = {
@@ -206,7 +211,7 @@ class _FunctionScan:
         if isinstance(stmt, (ast.If, ast.While)):
             truth = self.truth(stmt.test)
             if truth is not None:
-                if isinstance(stmt, ast.If) and _is_guard_if(stmt):
+                if isinstance(stmt, ast.If) and is_guard_if(stmt):
                     raised = next(s for s in [*stmt.body, *stmt.orelse] if isinstance(s, ast.Raise))
                     label = _short(raised.exc.func if isinstance(raised.exc, ast.Call) else raised.exc or raised)
                     self._add("GM301", stmt, stmt, f"`raise {label}` guarded by a tensor value: `{_short(truth)}`")
@@ -268,7 +273,7 @@ class _FunctionScan:
         """Record the sites of one call; whether its arguments are deferred."""
         self.calls.append(call)
         func = call.func
-        torch_fn = _is_torch_attr(func, self.optimistic)
+        torch_fn = is_torch_attr(func, self.optimistic)
         if torch_fn == "_assert" and call.args and self.truth(call.args[0]) is not None:
             self._add("GM303", call, stmt, f"`torch._assert` on a tensor value: `{_short(call.args[0])}`")
             return deferred
@@ -278,7 +283,7 @@ class _FunctionScan:
             return True
         if deferred or not self.opt_in:
             return deferred
-        if torch_fn == "nonzero" and _is_torch_attr(func, self.facts) == "nonzero":
+        if torch_fn == "nonzero" and is_torch_attr(func, self.facts) == "nonzero":
             self._add("GM402", call, stmt, "`torch.nonzero`: the output shape depends on tensor values")
         elif isinstance(func, ast.Attribute) and func.attr in ("item", "tolist") and not call.args:
             if self.is_tensor(func.value):

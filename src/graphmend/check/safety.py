@@ -25,11 +25,12 @@ from __future__ import annotations
 import ast
 import copy
 
-from ..analysis import _path_to
-from ..engine import Located, SiteRewrite, rewrite
-from ..rules import bound_names, load_rules
-from ..rules.trap import _MUTATING_METHODS, _root
-from .scope import ModuleScope
+from graphmend.analysis.facts import path_to
+from graphmend.analysis.source import bound_names
+from graphmend.check.scope import ModuleScope
+from graphmend.rewrite.engine import Located, SiteRewrite, rewrite
+from graphmend.rules import load_rules
+from graphmend.rules.trap import MUTATING_METHODS, root_of
 
 
 def judge(
@@ -56,7 +57,7 @@ def continuation(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -
     """The statements of ``fdef`` that can run after ``stmt``: those after it in
     its block and every enclosing block, and the whole body of an enclosing
     loop (its next iterations)."""
-    path = _path_to(fdef.body, stmt) or []
+    path = path_to(fdef.body, stmt) or []
     after: list[ast.stmt] = []
     for block, index in path:
         after.extend(block[index + 1 :])
@@ -84,19 +85,19 @@ def _changed_after(stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef)
 def _in_place_change(node: ast.AST) -> tuple[str, str] | None:
     """(name, how) when ``node`` changes the object a name holds."""
     if isinstance(node, ast.AugAssign):
-        root = _root(node.target)
+        root = root_of(node.target)
         return (root, f"`{ast.unparse(node.target)} {_OPS.get(type(node.op), '?')}= ...`") if root else None
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
             for sub in ast.walk(target):
                 if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
-                    root = _root(sub)
+                    root = root_of(sub)
                     if root:
                         return root, f"`{ast.unparse(sub)} = ...`"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         attr = node.func.attr
-        if (attr.endswith("_") and not attr.endswith("__")) or attr in _MUTATING_METHODS:
-            root = _root(node.func.value)
+        if (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS:
+            root = root_of(node.func.value)
             return (root, f"`.{attr}(...)`") if root else None
     return None
 

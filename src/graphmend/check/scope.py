@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..source import dotted_name, first_line
+from graphmend.analysis.source import dotted_name, first_line
 
 
 class _Unknown:

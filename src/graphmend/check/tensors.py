@@ -28,8 +28,14 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis import PURE_TORCH_FUNCTIONS, FunctionFacts, _is_tensor_annotation, _is_torch_attr, is_tensor_expr
-from ..rules import bound_names
+from graphmend.analysis.facts import (
+    PURE_TORCH_FUNCTIONS,
+    FunctionFacts,
+    is_tensor_annotation,
+    is_tensor_expr,
+    is_torch_attr,
+)
+from graphmend.analysis.source import bound_names
 
 #: Methods that only tensors have among the values model code passes around.
 TENSOR_ONLY_METHODS = frozenset(
@@ -130,7 +136,7 @@ def _optional_tensor(node: ast.AST | None, facts: FunctionFacts) -> bool:
             node = ast.parse(node.value, mode="eval").body
         except SyntaxError:
             return False
-    if _is_tensor_annotation(node, facts):
+    if is_tensor_annotation(node, facts):
         return True  # the shared test: torch.Tensor, a Tensor imported from torch
     if isinstance(node, ast.Attribute) and node.attr in _TENSOR_TYPES and isinstance(node.value, ast.Name):
         return facts.resolves_to_torch(node.value.id)
@@ -170,7 +176,7 @@ def _param_uses(fdef: ast.FunctionDef | ast.AsyncFunctionDef, facts: FunctionFac
                 type_tested.add(first.id)
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr in TENSOR_ONLY_METHODS:
                 used.add(func.value.id)
-            elif isinstance(first, ast.Name) and _is_torch_attr(func, facts) in TENSOR_FIRST_FUNCTIONS:
+            elif isinstance(first, ast.Name) and is_torch_attr(func, facts) in TENSOR_FIRST_FUNCTIONS:
                 used.add(first.id)
     return used, type_tested, truth_tested
 
@@ -219,7 +225,7 @@ def is_data_bool(node: ast.AST, facts: FunctionFacts) -> bool:
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    if _is_torch_attr(func, facts) in ("equal", "allclose"):
+    if is_torch_attr(func, facts) in ("equal", "allclose"):
         return True
     return (
         isinstance(func, ast.Attribute) and func.attr in ("equal", "allclose") and is_tensor_expr(func.value, facts)
@@ -236,7 +242,7 @@ def is_bool_tensor(node: ast.AST, facts: FunctionFacts, depth: int = 0) -> bool:
         return is_tensor_expr(node, facts)  # one operator, not is / in, a tensor operand
     if isinstance(node, ast.Call):
         func = node.func
-        if _is_torch_attr(func, facts) in _BOOL_FUNCTIONS:
+        if is_torch_attr(func, facts) in _BOOL_FUNCTIONS:
             return True
         return isinstance(func, ast.Attribute) and func.attr in _BOOL_FUNCTIONS and is_tensor_expr(func.value, facts)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):

@@ -21,19 +21,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-RUNTIME_NAME = "__graphmend_rt__"
-EFFECTS = ("print_", "log", "warn")  # the runtime functions that record a deferred effect
-
-
-def is_runtime_call(node: ast.AST, *names: str) -> bool:
-    """``__graphmend_rt__.<name>(...)`` for one of ``names``."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in names
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == RUNTIME_NAME
-    )
+from graphmend.analysis.source import RUNTIME_NAME, bound_names
 
 
 class Decline(Exception):
@@ -145,29 +133,6 @@ class RewriteContext:
             except Exception:
                 return None
         return value
-
-
-def bound_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    """Parameters and every name the function assigns (its locals)."""
-    names = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
-    if fdef.args.vararg:
-        names.add(fdef.args.vararg.arg)
-    if fdef.args.kwarg:
-        names.add(fdef.args.kwarg.arg)
-    declared_global: set[str] = set()
-    for node in ast.walk(fdef):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fdef:
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.add((alias.asname or alias.name).split(".")[0])
-        elif isinstance(node, ast.Global):
-            declared_global.update(node.names)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-    return names - declared_global
 
 
 class Rule:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import ast
 
-from ..analysis import FunctionFacts, is_tensor_expr
-from . import Decline, RewriteContext
+from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
+from graphmend.rules import Decline, RewriteContext
 
 
 def is_not(node: ast.AST) -> bool:

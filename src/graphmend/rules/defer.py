@@ -59,9 +59,9 @@ eager Python does.
   stay in place only otherwise, or when no statement can go before the
   assert alone. Decided after the function's other rewrites: an assert [Trap]
   rewrote, or one on shapes, sizes, types, ``is None`` or plain attributes,
-  does not count (``graphmend/asserts.py``). Such an assert in *another*
+  does not count (``graphmend/analysis/asserts.py``). Such an assert in *another*
   function of the graph (a submodule's, a helper's) is handled once the
-  whole model is mended (``graphmend/barriers.py``): a graph break before
+  whole model is mended (``graphmend/passes/barriers.py``): a graph break before
   it, or, where that costs more graphs than deferring saved, the deferral
   reverted.
 
@@ -84,8 +84,9 @@ from __future__ import annotations
 import ast
 import warnings
 
-from ..sites import LOG_METHODS
-from . import EFFECTS, Decline, Rule, RewriteContext, is_runtime_call, register
+from graphmend.analysis.source import EFFECTS, is_runtime_call
+from graphmend.discover.sites import LOG_METHODS
+from graphmend.rules import Decline, RewriteContext, Rule, register
 
 _CONVERSIONS_METHODS = {"item", "tolist"}
 _CONVERSION_BUILTINS = {"int": int, "float": float, "bool": bool}
@@ -229,7 +230,7 @@ class Defer(Rule):
         global known now, its level test moves out of the graph."""
         import logging
 
-        from .. import runtime
+        from graphmend import runtime
 
         logger = ctx.value_of(receiver) if receiver is not None else None
         if not isinstance(logger, logging.Logger) or method is None:

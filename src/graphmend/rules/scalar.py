@@ -23,7 +23,7 @@ or declined:
    * *a count tested by a Python if*: ``n = int((h > 0).sum().item())`` whose
      only uses are ``if n > <Python int>:`` keeps ``n`` as the 0-dim integer
      tensor; the ``if`` becomes a tensor test that [Where] predicates.
-2. **Measured capture** (``graphmend/capture.py``). For the remaining
+2. **Measured capture** (``graphmend/discover/capture.py``). For the remaining
    ``.item()`` / int ``.tolist()`` (TI) and ``nonzero`` / ``torch.where(mask)``
    (DO) sites, discovery runs again with ``capture_scalar_outputs`` and/or
    ``capture_dynamic_output_shape_ops`` on. A setting is kept only when it
@@ -89,8 +89,13 @@ import copy
 
 import torch
 
-from ..analysis import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, FunctionFacts, _impure_call
-from . import Decline, Rule, RewriteContext, register
+from graphmend.analysis.facts import (
+    PURE_TENSOR_METHODS,
+    PURE_TORCH_FUNCTIONS,
+    FunctionFacts,
+    impure_call,
+)
+from graphmend.rules import Decline, RewriteContext, Rule, register
 
 _SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
 _INDEX_MUTATORS = {"index_add_": 1, "index_copy_": 1, "index_fill_": 1}  # method -> position of the index arg
@@ -552,7 +557,7 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
         fdef = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
         return f"the source of {name}.forward is not available"
-    from . import bound_names
+    from graphmend.analysis.source import bound_names
 
     local = bound_names(fdef)
     namespace = getattr(forward, "__globals__", {})
@@ -574,7 +579,7 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
                     if reason:
                         return reason
                     continue
-            reason = _impure_call(node, namespace, local, 0, f"{name}.forward")
+            reason = impure_call(node, namespace, local, 0, f"{name}.forward")
             if reason:
                 return reason
     return None

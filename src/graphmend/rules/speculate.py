@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import ast
 
-from ..source import definition_of
-from . import Decline, Rule, RewriteContext, register
+from graphmend.analysis.source import definition_of
+from graphmend.rules import Decline, RewriteContext, Rule, register
 
 
 @register
@@ -87,7 +87,7 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
 
     import torch
 
-    from .trap import Trap
+    from graphmend.rules.trap import Trap
 
     model = ctx.model
     if not isinstance(model, torch.nn.Module):

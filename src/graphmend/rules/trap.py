@@ -59,16 +59,22 @@ import contextlib
 import copy
 from typing import Any, Iterator
 
-from ..analysis import FunctionFacts, bound_before, speculation_blockers
-from ..sites import LOG_METHODS, is_side_effect_call
-from ..source import definition_of, first_line, module_namespace, parse_file, statement_in
-from . import Decline, Rule, RewriteContext, register
-from ._predicate import check_lowerable, has_boolops, lower
-from .defer import Defer
+from graphmend.analysis.facts import FunctionFacts, bound_before, speculation_blockers
+from graphmend.analysis.source import (
+    definition_of,
+    first_line,
+    module_namespace,
+    parse_file,
+    statement_in,
+)
+from graphmend.discover.sites import LOG_METHODS, is_side_effect_call
+from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules._predicate import check_lowerable, has_boolops, lower
+from graphmend.rules.defer import Defer
 
 # Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
 _STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
-_MUTATING_METHODS = frozenset(
+MUTATING_METHODS = frozenset(
     {"register_buffer", "register_parameter", "update", "append", "extend", "insert", "pop", "clear",
      "setdefault", "add_module", "popitem", "remove"}
 )
@@ -210,12 +216,12 @@ class Trap(Rule):
     assume_eval = False  # True: branches taken only in training mode are skipped
 
     def _state_changes_after(self, stmt: ast.stmt, ctx: RewriteContext) -> str | None:
-        from ..analysis import _path_to
+        from graphmend.analysis.facts import path_to
 
         self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
         self._scope: tuple[Any, str] | None = (ctx.fdef, ctx.filename)  # the function being scanned
 
-        path = _path_to(ctx.fdef.body, stmt)
+        path = path_to(ctx.fdef.body, stmt)
         reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
         if reason:
             return reason
@@ -250,13 +256,13 @@ class Trap(Rule):
             return scanner._mutation_in(fdef, _fresh_locals(fdef), namespace, ctx, 0)
 
     def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:
-        from ..analysis import _path_to
-        from ..engine import _defs_containing
+        from graphmend.analysis.facts import path_to
+        from graphmend.analysis.source import defs_containing
 
         parsed = parse_file(frame.file)
         if parsed is None:
             return f"the source of a caller ({frame.file}) is not available to check"
-        defs = _defs_containing(parsed.tree, frame.line)
+        defs = defs_containing(parsed.tree, frame.line)
         if not defs:
             return None
         fdef = defs[0]
@@ -269,7 +275,7 @@ class Trap(Rule):
                 f"a caller's call is inside a try block (`{fdef.name}`, line {frame.line}): a handler could catch "
                 "the exception, which would now be raised after the call"
             )
-        path = _path_to(fdef.body, block[index])
+        path = path_to(fdef.body, block[index])
         namespace = module_namespace(frame.file)
         with self._scanning(fdef, frame.file):
             return self._scan_continuation(fdef, path, namespace, ctx, 0)
@@ -303,11 +309,11 @@ class Trap(Rule):
                 for target in targets:
                     for t in ast.walk(target):
                         if isinstance(t, (ast.Attribute, ast.Subscript)) and isinstance(t.ctx, ast.Store):
-                            if _root(t) not in local:
+                            if root_of(t) not in local:
                                 return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
             elif isinstance(sub, ast.Call):
                 func = sub.func
-                if isinstance(func, ast.Attribute) and _root(func) == "__graphmend_rt__":
+                if isinstance(func, ast.Attribute) and root_of(func) == "__graphmend_rt__":
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
                     if _watched_effect(sub, namespace):
@@ -315,8 +321,8 @@ class Trap(Rule):
                     return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
                 if isinstance(func, ast.Attribute):
                     attr = func.attr
-                    if (attr.endswith("_") and not attr.endswith("__")) or attr in _MUTATING_METHODS:
-                        if _root(func.value) not in local:
+                    if (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS:
+                        if root_of(func.value) not in local:
                             return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
                 self_attr = _self_attr_callee(func)
                 if self_attr is not None:
@@ -582,7 +588,7 @@ def _self_attr_callee(func: ast.AST) -> str | None:
     return None
 
 
-def _root(node: ast.AST) -> str | None:
+def root_of(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None

@@ -70,9 +70,14 @@ from __future__ import annotations
 import ast
 import copy
 
-from ..analysis import FunctionFacts, bound_before, is_tensor_expr, speculation_blockers
-from . import Decline, Rule, RewriteContext, register
-from ._predicate import check_lowerable, has_boolops, lower
+from graphmend.analysis.facts import (
+    FunctionFacts,
+    bound_before,
+    is_tensor_expr,
+    speculation_blockers,
+)
+from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules._predicate import check_lowerable, has_boolops, lower
 
 
 def _load(name: str) -> ast.Name:
@@ -371,7 +376,11 @@ class Where(Rule):
         """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
         import torch
 
-        from ..analysis import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, function_impurities
+        from graphmend.analysis.facts import (
+            PURE_TENSOR_METHODS,
+            PURE_TORCH_FUNCTIONS,
+            function_impurities,
+        )
 
         func = call.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and facts.resolves_to_torch(func.value.id):
@@ -569,7 +578,7 @@ class Where(Rule):
 
     @staticmethod
     def _check_private(key: str, branch: ast.If, ctx: RewriteContext) -> None:
-        from ..source import parse_file
+        from graphmend.analysis.source import parse_file
 
         parsed = parse_file(ctx.filename)
         if parsed is None:
@@ -584,7 +593,7 @@ class Where(Rule):
                 raise Decline(f"the memo attribute `{key}` is used elsewhere in the module (line {node.lineno})")
 
     def _check_pure_init(self, init: ast.Call, owner: ast.expr, facts: FunctionFacts, known: set[str], ctx: RewriteContext) -> None:
-        from ..analysis import function_impurities
+        from graphmend.analysis.facts import function_impurities
 
         for a in list(init.args) + [k.value for k in init.keywords]:
             for reason in speculation_blockers(a.value if isinstance(a, ast.Starred) else a, facts, known):
@@ -747,7 +756,7 @@ class Where(Rule):
     ) -> ast.stmt:
         """A check [Trap] already rewrote inside this branch: it may only fire
         when its branch would have run, so its flag is and-ed with the test."""
-        from .trap import _deferred_blockers
+        from graphmend.rules.trap import _deferred_blockers
 
         flag_name, call = trapped
         if flag_name not in env:

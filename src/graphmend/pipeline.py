@@ -48,20 +48,28 @@ from typing import Any, Iterable
 
 import torch
 
-from . import barriers, engine, runtime, source
-from .asserts import held_asserts
-from .capture import Capture, Trial, decide, removed_sites
-from .chains import complete_all, entry_keys
-from .explain import ExplainReport, explain_target, report_from_trace
-from .discovery import is_model_code, trace_breaks
-from .errors import EagerFailure, describe
-from .isolation import random_state_kept
-from .check.find import find_in_source
-from .rules import EFFECTS, RUNTIME_NAME, Decline, Rule, is_runtime_call, load_rules
-from .sites import BreakSite, display_path
-from .source import statement_in
-from .targets import Target, private_copy
-from .verify import Observation, compare, observe
+from graphmend import runtime
+from graphmend.analysis import source
+from graphmend.analysis.asserts import held_asserts
+from graphmend.analysis.source import (
+    EFFECTS,
+    RUNTIME_NAME,
+    is_runtime_call,
+    statement_in,
+)
+from graphmend.check.find import find_in_source
+from graphmend.discover.capture import Capture, Trial, decide, removed_sites
+from graphmend.discover.chains import complete_all, entry_keys
+from graphmend.discover.explain import ExplainReport, explain_target, report_from_trace
+from graphmend.discover.isolation import random_state_kept
+from graphmend.discover.sites import BreakSite, display_path
+from graphmend.discover.trace import is_model_code, trace_breaks
+from graphmend.errors import EagerFailure, describe
+from graphmend.models.targets import Target, private_copy
+from graphmend.passes import barriers
+from graphmend.rewrite import engine
+from graphmend.rewrite.verify import Observation, compare, observe
+from graphmend.rules import Decline, Rule, load_rules
 
 DEFAULT_RULES = ("where", "defer", "trap", "scalar", "speculate")
 CAPTURE_RULE = "scalar"  # the rule whose mechanism includes measured capture
@@ -964,7 +972,7 @@ def _speculation_round(
 def _learn(target: Target, grad: bool) -> None:
     """One eager call of a private copy in a region: each [Speculate] site
     learns the value it has on the example (the first guess)."""
-    from .verify import quiet
+    from graphmend.rewrite.verify import quiet
 
     subject = private_copy(target)
     try:
@@ -981,8 +989,8 @@ def _prefill_memos(target: Target, grad: bool, names: set[str], outcomes: dict[t
     the first compiled call and flip Dynamo's ``hasattr`` guard, recompiling
     on the second. The initialiser is proven pure, so its value is taken from
     one eager run of a private copy and set on the user's modules up front."""
-    from .runtime import region
-    from .verify import quiet
+    from graphmend.rewrite.verify import quiet
+    from graphmend.runtime import region
 
     if not isinstance(target.model, torch.nn.Module):
         return

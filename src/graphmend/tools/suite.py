@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-ROW_MODULE = "graphmend.suite"
+ROW_MODULE = "graphmend.tools.suite"
 
 
 @dataclass
@@ -52,7 +52,7 @@ class SuiteReport:
 
 
 def default_rows() -> list[str]:
-    from . import zoo
+    from graphmend.models import zoo
 
     return list(zoo.ROWS) + ["demo"]
 
@@ -100,11 +100,11 @@ def _run_row(name: str, quick: bool, timeout: float) -> dict[str, Any]:
 
 def row_result(name: str, quick: bool) -> dict[str, Any]:
     """One row, in this process (the suite runs it in a fresh one)."""
-    from . import zoo
-    from .bench import bench, default_device
-    from .mend import mend_target
-    from .targets import load_target
-    from .verify import quiet
+    from graphmend.models import zoo
+    from graphmend.models.targets import load_target
+    from graphmend.pipeline import mend_target
+    from graphmend.rewrite.verify import quiet
+    from graphmend.tools.bench import bench, default_device
 
     started = time.perf_counter()
     target_name = name if name == "demo" else f"zoo:{name}"

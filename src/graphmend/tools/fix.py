@@ -53,9 +53,9 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GraphmendError
-from .rules import RUNTIME_NAME, Decline
-from .source import first_line
+from graphmend.analysis.source import RUNTIME_NAME, first_line
+from graphmend.errors import GraphmendError
+from graphmend.rules import Decline
 
 RUNTIME_ALIAS = "graphmend_rt"
 IMPORT_LINE = f"import graphmend.runtime as {RUNTIME_ALIAS}"
@@ -122,7 +122,7 @@ class FixReport:
 
 def fix_target(target: Any, *, root: str = ".", started: float | None = None) -> FixReport:
     """Mend ``target``, keep what verified, and compute the file changes (nothing is written)."""
-    from .mend import mend_target
+    from graphmend.pipeline import mend_target
 
     started = time.time() if started is None else started
     report, mending = mend_target(target, verify=True)

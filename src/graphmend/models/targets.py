@@ -7,7 +7,7 @@ One spelling, the same from the CLI and from Python:
 ``package.module:factory``
     the same, from an importable module.
 ``demo``
-    the bundled example model (``graphmend.demo``).
+    the bundled example model (``graphmend.models.demo``).
 ``zoo:NAME``
     a row of the paper's Table 2, built offline (``graphmend zoo`` lists them).
 
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import EagerFailure, TargetError
+from graphmend.errors import EagerFailure, TargetError
 
 
 @dataclass
@@ -159,11 +159,11 @@ def load_target(spec: str) -> Target:
     if not spec:
         raise TargetError("empty target; try 'demo', 'zoo:t5' or 'path/to/file.py:factory'")
     if spec == "demo":
-        from . import demo
+        from graphmend.models import demo
 
         return _call_factory("demo", demo.build)
     if spec.startswith("zoo:"):
-        from . import zoo
+        from graphmend.models import zoo
 
         row = spec[4:]
         return _call_factory(spec, lambda: zoo.build(row))

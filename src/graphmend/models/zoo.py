@@ -296,7 +296,12 @@ def _phi3_longrope() -> Built:
 
 
 def _grounding_dino() -> Built:
-    from transformers import BertConfig, GroundingDinoConfig, GroundingDinoModel, SwinConfig
+    from transformers import (
+        BertConfig,
+        GroundingDinoConfig,
+        GroundingDinoModel,
+        SwinConfig,
+    )
 
     backbone = SwinConfig(
         image_size=32,

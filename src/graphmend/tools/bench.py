@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-ARM_MODULE = "graphmend.bench"
+ARM_MODULE = "graphmend.tools.bench"
 
 
 @dataclass
@@ -345,8 +345,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch._dynamo.utils as dynamo_utils
 
-    from .targets import load_target
-    from .verify import quiet, tensors_in
+    from graphmend.models.targets import load_target
+    from graphmend.rewrite.verify import quiet, tensors_in
 
     device, mode = spec.get("device", "cpu"), spec.get("mode", "default")
     cuda = device.startswith("cuda")
@@ -383,10 +383,10 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         return fn(*a, **k)
 
     if spec["arm"] == "mended":
-        import graphmend
+        from graphmend.api import mend
 
         with quiet():
-            report = graphmend.mend(model, *args, **kwargs)
+            report = mend(model, *args, **kwargs)
         result["applied_sites"] = len(report.applied)
         result["fixable_sites"] = len(report.before.fixable)
         result["declined_with_reason"] = sum(1 for o in report.declined if o.rule and o.reason)
@@ -412,7 +412,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             return gm.forward
 
     if spec["arm"] == "mended":  # as graphmend.compile does: a graph the backend fails on runs as captured
-        from .fallback import FallbackBackend
+        from graphmend.rewrite.fallback import FallbackBackend
 
         backend = fallback = FallbackBackend(backend)
     torch._dynamo.reset()

@@ -17,7 +17,7 @@ for) and keeps the smallest one that
 * adds no recompile and abandons no more frames than without it,
 * raises nothing while tracing.
 
-The decision (a :class:`Capture`) travels with the :class:`~graphmend.mend.MendReport`:
+The decision (a :class:`Capture`) travels with the :class:`~graphmend.pipeline.MendReport`:
 ``graphmend.compile`` and ``bench`` apply it around every call through
 ``report.region()``, so the compiled program that runs is the one measured.
 Whoever calls ``torch.compile`` on a mended model directly must set the

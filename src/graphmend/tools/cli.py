@@ -14,8 +14,8 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from . import __version__  # noqa: F401  (used by --version)
-from .errors import GraphmendError
+from graphmend import __version__  # noqa: F401  (used by --version)
+from graphmend.errors import GraphmendError
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 
@@ -25,9 +25,9 @@ def _target_help() -> str:
 
 
 def cmd_explain(ns: argparse.Namespace) -> int:
-    from .compat import check_environment
-    from .explain import explain_target
-    from .targets import load_target
+    from graphmend.compat import check_environment
+    from graphmend.discover.explain import explain_target
+    from graphmend.models.targets import load_target
 
     check_environment()
     # The model's own prints go to stderr under --json so stdout stays valid JSON.
@@ -38,15 +38,15 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        from .render import render_explain
+        from graphmend.tools.render import render_explain
 
         render_explain(report)
     return EXIT_FOUND if report.breaks or report.gave_up else EXIT_CLEAN
 
 
 def _rules_arg(text: str | None) -> tuple[str, ...]:
-    from .mend import DEFAULT_RULES
-    from .rules import load_rules
+    from graphmend.pipeline import DEFAULT_RULES
+    from graphmend.rules import load_rules
 
     if not text:
         return DEFAULT_RULES
@@ -59,10 +59,10 @@ def _rules_arg(text: str | None) -> tuple[str, ...]:
 
 
 def cmd_mend(ns: argparse.Namespace) -> int:
-    from .compat import check_environment
-    from .mend import mend_target
-    from .targets import load_target
-    from .verify import quiet
+    from graphmend.compat import check_environment
+    from graphmend.models.targets import load_target
+    from graphmend.pipeline import mend_target
+    from graphmend.rewrite.verify import quiet
 
     check_environment()
     rules = _rules_arg(ns.rules)
@@ -75,7 +75,7 @@ def cmd_mend(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        from .render import render_mend
+        from graphmend.tools.render import render_mend
 
         render_mend(report)
     return EXIT_FOUND if report.after.breaks or report.after.gave_up else EXIT_CLEAN
@@ -84,10 +84,10 @@ def cmd_mend(ns: argparse.Namespace) -> int:
 def cmd_fix(ns: argparse.Namespace) -> int:
     import time
 
-    from .compat import check_environment
-    from .fix import fix_target, write_changes, write_patches
-    from .targets import load_target
-    from .verify import quiet
+    from graphmend.compat import check_environment
+    from graphmend.models.targets import load_target
+    from graphmend.rewrite.verify import quiet
+    from graphmend.tools.fix import fix_target, write_changes, write_patches
 
     check_environment()
     if not os.path.isdir(ns.root):
@@ -132,9 +132,9 @@ def cmd_fix(ns: argparse.Namespace) -> int:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    from .bench import bench
-    from .compat import check_environment
-    from .targets import load_target
+    from graphmend.compat import check_environment
+    from graphmend.models.targets import load_target
+    from graphmend.tools.bench import bench
 
     check_environment()
     try:
@@ -152,7 +152,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if modes and "reduce-overhead" in modes and (device != "cuda" or ns.backend != "inductor"):
         raise GraphmendError("--mode reduce-overhead needs --device cuda and the inductor backend (CUDA graphs)")
     with contextlib.redirect_stdout(sys.stderr):
-        from .verify import quiet
+        from graphmend.rewrite.verify import quiet
 
         with quiet():
             load_target(ns.target)  # a bad target is a one-line error here, not two failed arms
@@ -161,7 +161,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        from .render import render_bench
+        from graphmend.tools.render import render_bench
 
         render_bench(report)
     reports = [report, *report.modes.values()]
@@ -171,8 +171,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 def cmd_suite(ns: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from .compat import check_environment
-    from .suite import default_rows, run_suite, write_chart
+    from graphmend.compat import check_environment
+    from graphmend.tools.suite import default_rows, run_suite, write_chart
 
     check_environment()
     rows = [r.strip() for r in ns.rows.split(",")] if ns.rows else default_rows()
@@ -183,7 +183,7 @@ def cmd_suite(ns: argparse.Namespace) -> int:
     with Progress(transient=True) as bar:
         task = bar.add_task("suite" + (" --quick" if ns.quick else ""), total=len(rows))
         report = run_suite(rows, quick=ns.quick, jobs=ns.jobs, progress=lambda name: bar.advance(task))
-    from .render import render_suite
+    from graphmend.tools.render import render_suite
 
     render_suite(report)
     if ns.json:
@@ -195,7 +195,7 @@ def cmd_suite(ns: argparse.Namespace) -> int:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from .check import check_paths, parse_select
+    from graphmend.check import check_paths, parse_select
 
     report = check_paths(ns.paths, select=parse_select(ns.select))
     if ns.json:
@@ -211,7 +211,7 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from .rules import load_rules
+    from graphmend.rules import load_rules
 
     rules = load_rules()
     if ns.name:
@@ -228,7 +228,7 @@ def cmd_rules(ns: argparse.Namespace) -> int:
 
 
 def cmd_zoo(ns: argparse.Namespace) -> int:
-    from . import zoo
+    from graphmend.models import zoo
 
     rows = list(zoo.ROWS.values())
     if ns.json:
@@ -364,5 +364,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

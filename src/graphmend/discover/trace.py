@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._dynamo
 
-from . import runtime
-from .capture import patched
+from graphmend import runtime
+from graphmend.discover.capture import patched
 
 _GB_LINK = re.compile(r"/gb/gb(\d{4})\.html")
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
@@ -117,7 +117,7 @@ _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 _STDLIB_DIRS = _stdlib_dirs()
 
 
-_RUNTIME_FILE = os.path.realpath(os.path.join(os.path.dirname(__file__), "runtime.py"))
+_RUNTIME_FILE = os.path.realpath(runtime.__file__)
 
 
 def is_library_internal(path: str) -> bool:
@@ -131,7 +131,7 @@ def is_library_internal(path: str) -> bool:
     return any(real.startswith(d) for d in _STDLIB_DIRS)
 
 
-_GRAPHMEND_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_GRAPHMEND_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # the package, not discover/
 
 
 def is_model_code(path: str) -> bool:

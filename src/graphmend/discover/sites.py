@@ -15,8 +15,19 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from .discovery import BreakEvent, Frame, innermost_user_frame, is_library_internal
-from .source import calls_in, dotted_name, header_expr, source_line, statement_at
+from graphmend.analysis.source import (
+    calls_in,
+    dotted_name,
+    header_expr,
+    source_line,
+    statement_at,
+)
+from graphmend.discover.trace import (
+    BreakEvent,
+    Frame,
+    innermost_user_frame,
+    is_library_internal,
+)
 
 CATEGORIES: dict[str, str] = {
     "DC": "data-dependent control flow",
@@ -158,7 +169,7 @@ def _raises_only(body: list[ast.stmt]) -> bool:
     return bool(body) and all(isinstance(s, ast.Raise) for s in body)
 
 
-def _is_guard_if(node: ast.stmt) -> bool:
+def is_guard_if(node: ast.stmt) -> bool:
     if not isinstance(node, ast.If):
         return False
     return _raises_only(node.body) or (bool(node.orelse) and _raises_only(node.orelse))
@@ -181,7 +192,7 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
     calls = calls_in(head) if head is not None else []
     side_effect = any(is_side_effect_call(c) for c in calls)
 
-    if isinstance(stmt, ast.Assert) or (stmt is not None and _is_guard_if(stmt)):
+    if isinstance(stmt, ast.Assert) or (stmt is not None and is_guard_if(stmt)):
         return "VG"  # deciding whether to raise on tensor values, whatever Dynamo's id
     if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
         return "DC"

@@ -89,7 +89,7 @@ class FunctionFacts:
                         facts.assignments.setdefault(name, []).append(ast.Constant(None))
         args = fdef.args
         for a in args.posonlyargs + args.args + args.kwonlyargs:
-            if a.annotation is not None and _is_tensor_annotation(a.annotation, facts):
+            if a.annotation is not None and is_tensor_annotation(a.annotation, facts):
                 facts.tensor_params.add(a.arg)
         return facts
 
@@ -101,7 +101,7 @@ def _target_names(target: ast.AST) -> list[str]:
     return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
-def _is_tensor_annotation(node: ast.AST, facts: FunctionFacts) -> bool:
+def is_tensor_annotation(node: ast.AST, facts: FunctionFacts) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value in ("torch.Tensor", "Tensor")
     if isinstance(node, ast.Attribute) and node.attr == "Tensor" and isinstance(node.value, ast.Name):
@@ -111,7 +111,7 @@ def _is_tensor_annotation(node: ast.AST, facts: FunctionFacts) -> bool:
     return False
 
 
-def _is_torch_attr(node: ast.AST, facts: FunctionFacts) -> str | None:
+def is_torch_attr(node: ast.AST, facts: FunctionFacts) -> str | None:
     """``torch.<name>`` (or ``torch.nn.functional.<name>``) -> name, when torch is the real module."""
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and facts.resolves_to_torch(node.value.id):
         return node.attr
@@ -125,7 +125,7 @@ def is_tensor_expr(node: ast.AST, facts: FunctionFacts, depth: int = 0) -> bool:
         func = node.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "__graphmend_rt__":
             return func.attr in ("equal",)  # the runtime's tensor-valued torch.equal
-        fn = _is_torch_attr(node.func, facts)
+        fn = is_torch_attr(node.func, facts)
         if fn is not None:
             return fn in PURE_TORCH_FUNCTIONS and fn not in ("finfo", "iinfo", "allclose")
         if isinstance(node.func, ast.Attribute) and node.func.attr in PURE_TENSOR_METHODS:
@@ -237,7 +237,7 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
             and node.func.attr in ("equal",)
         ):
             return  # the runtime's pure, total torch.equal
-        fn = _is_torch_attr(node.func, facts)
+        fn = is_torch_attr(node.func, facts)
         if fn is not None:
             if fn not in PURE_TORCH_FUNCTIONS:
                 out.append(f"torch.{fn} is not on the list of pure torch functions")
@@ -266,7 +266,7 @@ def bound_before(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -
         names.add(args.vararg.arg)
     if args.kwarg:
         names.add(args.kwarg.arg)
-    path = _path_to(fdef.body, stmt)
+    path = path_to(fdef.body, stmt)
     if path is None:
         return names
     for block, index in path:
@@ -275,18 +275,18 @@ def bound_before(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -
     return names
 
 
-def _path_to(body: list[ast.stmt], stmt: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:
+def path_to(body: list[ast.stmt], stmt: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:
     for i, node in enumerate(body):
         if node is stmt:
             return [(body, i)]
         for name in ("body", "orelse", "finalbody"):
             inner = getattr(node, name, None)
             if inner and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found = _path_to(inner, stmt)
+                found = path_to(inner, stmt)
                 if found is not None:
                     return [(body, i)] + found
         for handler in getattr(node, "handlers", []) or []:
-            found = _path_to(handler.body, stmt)
+            found = path_to(handler.body, stmt)
             if found is not None:
                 return [(body, i)] + found
     return None
@@ -361,7 +361,7 @@ def function_impurities(fn: Any, depth: int = 0) -> list[str]:
     if fdef is None:
         return [f"{fn.__qualname__} is not a plain function"]
     namespace = getattr(fn, "__globals__", {})
-    from .rules import bound_names
+    from graphmend.analysis.source import bound_names
 
     local = bound_names(fdef)
     out: list[str] = []
@@ -385,7 +385,7 @@ def function_impurities(fn: Any, depth: int = 0) -> list[str]:
                         if not (isinstance(base, ast.Name) and base.id in local and base.id not in _param_names(fdef)):
                             out.append(f"{fn.__qualname__} stores into `{ast.unparse(sub)}`")
         elif isinstance(node, ast.Call):
-            reason = _impure_call(node, namespace, local, depth, fn.__qualname__)
+            reason = impure_call(node, namespace, local, depth, fn.__qualname__)
             if reason:
                 out.append(reason)
     return out
@@ -400,7 +400,7 @@ def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     return names
 
 
-def _impure_call(call: ast.Call, namespace: dict[str, Any], local: set[str], depth: int, owner: str) -> str | None:
+def impure_call(call: ast.Call, namespace: dict[str, Any], local: set[str], depth: int, owner: str) -> str | None:
     func = call.func
     dotted = ast.unparse(func)
     if isinstance(func, ast.Name):

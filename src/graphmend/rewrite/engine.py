@@ -26,9 +26,16 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from . import runtime, source
-from .rules import RUNTIME_NAME, Decline, RewriteContext, Rule
-from .source import first_line, parse_file, statement_in
+from graphmend import runtime
+from graphmend.analysis import source
+from graphmend.analysis.source import (
+    RUNTIME_NAME,
+    defs_containing,
+    first_line,
+    parse_file,
+    statement_in,
+)
+from graphmend.rules import Decline, RewriteContext, Rule
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -136,16 +143,6 @@ def _candidates(filename: str) -> list[types.FunctionType]:
     return found
 
 
-def _defs_containing(tree: ast.AST, line: int) -> list[FunctionNode]:
-    """Function definitions whose body holds ``line``, innermost first."""
-    out = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno)
-    ]
-    return sorted(out, key=lambda n: n.lineno, reverse=True)
-
-
 def locate(filename: str, line: int, patched: dict[int, "Patch"] | None = None) -> Located:
     """The live function holding ``filename:line``; raises Decline when there is none.
 
@@ -154,7 +151,7 @@ def locate(filename: str, line: int, patched: dict[int, "Patch"] | None = None) 
     parsed = parse_file(filename)
     if parsed is None:
         raise Decline(f"source of {os.path.basename(filename)} is not available or does not parse")
-    defs = _defs_containing(parsed.tree, line)
+    defs = defs_containing(parsed.tree, line)
     if not defs:
         raise Decline("the line is not inside a function (module or class body code)")
     functions = _candidates(filename)

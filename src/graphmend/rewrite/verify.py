@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import runtime
-from .isolation import captured, random_state_kept
+from graphmend import runtime
+from graphmend.discover.isolation import captured, random_state_kept
 
 _ONCE_METHODS = ("warning_once", "info_once")
 # Attributes torch.compile itself sets on a module: not the model's state.

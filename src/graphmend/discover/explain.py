@@ -38,10 +38,15 @@ from typing import Any
 
 import torch
 
-from .discovery import Trace, trace_breaks
-from .isolation import random_state_kept
-from .sites import BreakSite, assert_sites, group_sites
-from .targets import Target, private_copy, run_eager, target_from_objects
+from graphmend.discover.isolation import random_state_kept
+from graphmend.discover.sites import BreakSite, assert_sites, group_sites
+from graphmend.discover.trace import Trace, trace_breaks
+from graphmend.models.targets import (
+    Target,
+    private_copy,
+    run_eager,
+    target_from_objects,
+)
 
 SCHEMA_VERSION = 1
 

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import torch
 
-from .discovery import node_origin
-from .errors import describe
+from graphmend.discover.trace import node_origin
+from graphmend.errors import describe
 
 
 class BackendFallbackWarning(RuntimeWarning):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from .source import definition_of, parse_file
+from graphmend.analysis.source import definition_of, parse_file
 
 Key = tuple[str, int]  # (file, line of the innermost enclosing def)
 
@@ -28,9 +28,9 @@ def def_key(frame: Any) -> Key | None:
     parsed = parse_file(frame.file)
     if parsed is None:
         return None
-    from .engine import _defs_containing
+    from graphmend.analysis.source import defs_containing
 
-    defs = _defs_containing(parsed.tree, frame.line)
+    defs = defs_containing(parsed.tree, frame.line)
     return (frame.file, defs[0].lineno) if defs else None
 
 

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from typing import TYPE_CHECKING
-
-from .explain import ExplainReport
+from graphmend.discover.explain import ExplainReport
 
 if TYPE_CHECKING:
-    from .bench import BenchReport
-    from .suite import SuiteReport
-    from .mend import MendReport
-from .sites import CATEGORIES, verdict_for
+    from graphmend.pipeline import MendReport
+    from graphmend.tools.bench import BenchReport
+    from graphmend.tools.suite import SuiteReport
+from graphmend.discover.sites import CATEGORIES, verdict_for
 
 _CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "DS", "UNSUP", "OTHER"]
 _RULE_STYLE = {"where": "cyan", "defer": "green", "trap": "magenta"}

@@ -62,12 +62,18 @@ from typing import Any
 
 import torch
 
-from . import engine
-from .asserts import held_asserts
-from .discovery import is_model_code
-from .rules import EFFECTS, RUNTIME_NAME, is_runtime_call
-from .sites import display_path
-from .source import dotted_name, first_line, parse_file
+from graphmend.analysis.asserts import held_asserts
+from graphmend.analysis.source import (
+    EFFECTS,
+    RUNTIME_NAME,
+    dotted_name,
+    first_line,
+    is_runtime_call,
+    parse_file,
+)
+from graphmend.discover.sites import display_path
+from graphmend.discover.trace import is_model_code
+from graphmend.rewrite import engine
 
 RECORDS = (*EFFECTS, "trap")  # the runtime calls that record into the region
 

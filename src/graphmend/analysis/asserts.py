@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from .rules import is_runtime_call
-from .source import dotted_name
+from graphmend.analysis.source import dotted_name, is_runtime_call
 
 _STATIC_ATTRS = {"shape", "ndim", "dtype", "device", "training", "is_cuda", "requires_grad", "layout"}
 _STATIC_METHODS = {"dim", "size", "numel", "nelement", "is_contiguous", "element_size", "get_device", "is_floating_point"}

@@ -161,3 +161,55 @@ def dotted_name(node: ast.AST) -> str | None:
         parts.append(node.id)
         return ".".join(reversed(parts))
     return None
+
+
+# AST facts shared by rules, analysis and the engine
+
+RUNTIME_NAME = "__graphmend_rt__"
+
+
+EFFECTS = ("print_", "log", "warn")  # the runtime functions that record a deferred effect
+
+
+def is_runtime_call(node: ast.AST, *names: str) -> bool:
+    """``__graphmend_rt__.<name>(...)`` for one of ``names``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in names
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == RUNTIME_NAME
+    )
+
+
+def bound_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Parameters and every name the function assigns (its locals)."""
+    names = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
+    if fdef.args.vararg:
+        names.add(fdef.args.vararg.arg)
+    if fdef.args.kwarg:
+        names.add(fdef.args.kwarg.arg)
+    declared_global: set[str] = set()
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fdef:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Global):
+            declared_global.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names - declared_global
+
+
+def defs_containing(tree: ast.AST, line: int) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Function definitions whose body holds ``line``, innermost first."""
+    out = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno)
+    ]
+    return sorted(out, key=lambda n: n.lineno, reverse=True)

@@ -1,0 +1,2 @@
+"""The user-facing commands: the CLI, its renderers, ``fix``, ``bench`` and
+``suite``."""
