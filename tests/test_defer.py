@@ -180,8 +180,8 @@ def test_threads_never_mix_or_lose_effects():
         assert set(values) == {results[ident]}
 
 
-def test_plain_torch_compile_of_a_mended_model_warns_once():
-    runtime._unguarded_warned = False
+def test_plain_torch_compile_of_a_mended_model_warns_once(monkeypatch):
+    monkeypatch.setattr(runtime.regions, "_unguarded_warned", False)  # the warning is once per process
     model = E.Ordered()
     graphmend.mend(model, *X)
     backend = CountingBackend()

@@ -81,8 +81,10 @@ def test_the_runner_reports_a_difference(monkeypatch):
     from fuzz.generator import Program
     from fuzz.runner import inputs_for
 
-    flush = graphmend.runtime.flush
-    monkeypatch.setattr(graphmend.runtime, "flush", lambda records: flush(list(reversed(records))))
+    from graphmend.runtime import regions
+
+    flush = regions.flush  # what a region calls when it closes
+    monkeypatch.setattr(regions, "flush", lambda records: flush(list(reversed(records))))
     seed = next(s for s in range(100) if (inputs_for(s)[0] > 0).any() and inputs_for(s)[0].sum() < 0)
     result = check_program(Program(SWAPPED), seed=seed, start=0, aot=False)
     assert result.status == "checked"
@@ -116,14 +118,17 @@ def test_the_threads_arm_reports_a_print_lost_on_another_thread(monkeypatch):
     from fuzz.generator import Program
     from graphmend.discover import isolation
 
-    flush = graphmend.runtime.flush
+    from graphmend.runtime import regions
+    from graphmend.runtime.records import Print
+
+    flush = regions.flush  # what a region calls when it closes
 
     def drop_other_threads_prints(records):
         if threading.current_thread() is not threading.main_thread() and isolation._current() is None:
-            records = [r for r in records if r[0] != "print"]
+            records = [r for r in records if type(r) is not Print]
         flush(records)
 
-    monkeypatch.setattr(graphmend.runtime, "flush", drop_other_threads_prints)
+    monkeypatch.setattr(regions, "flush", drop_other_threads_prints)
     result = check_program(Program(PRINTS), seed=1, start=0, aot=False, threads=True)
     assert result.status == "checked" and result.arms == ["threads"], result
     assert [(o[1], o[2]) for o in result.outcomes] == [("defer", "applied")], result

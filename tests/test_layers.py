@@ -38,7 +38,6 @@ TOP = ("graphmend", "graphmend.__main__")
 LINE_LIMIT = 600
 OVERSIZE = {
     "graphmend.pipeline": 1212,
-    "graphmend.runtime": 952,
     "graphmend.rules.where": 900,
     "graphmend.rules.trap": 853,
     "graphmend.rules.scalar": 755,

@@ -454,11 +454,11 @@ def test_a_relocated_log_record_leaves_the_logger_as_it_was():
     site = (__name__, 10, "forward")
 
     def a():
-        runtime._call_logger(site, logger, "warning", ("from A",), {})
+        runtime.records._call_logger(site, logger, "warning", ("from A",), {})
 
     def b():
         a_in.wait(10)
-        runtime._call_logger(site, logger, "warning", ("from B",), {})
+        runtime.records._call_logger(site, logger, "warning", ("from B",), {})
         b_in.set()
 
     threads = [threading.Thread(target=a), threading.Thread(target=b)]

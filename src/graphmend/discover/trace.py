@@ -117,14 +117,14 @@ _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 _STDLIB_DIRS = _stdlib_dirs()
 
 
-_RUNTIME_FILE = os.path.realpath(runtime.__file__)
+_RUNTIME_DIR = os.path.dirname(os.path.realpath(runtime.__file__)) + os.sep  # the runtime package
 
 
 def is_library_internal(path: str) -> bool:
     """True for torch's own files, graphmend's runtime, and the standard library
     (not site-packages): a break there belongs to the user line that called it."""
     real = os.path.realpath(path)
-    if real.startswith(_TORCH_DIR) or real == _RUNTIME_FILE:
+    if real.startswith((_TORCH_DIR, _RUNTIME_DIR)):
         return True
     if "site-packages" in real or "dist-packages" in real:
         return False

@@ -239,7 +239,7 @@ class Defer(Rule):
             first = call.args[0]
             level = first.value if isinstance(first, ast.Constant) and isinstance(first.value, int) else None
         else:
-            level = runtime._LEVELS.get(method)
+            level = runtime.LEVELS.get(method)
         if level is not None:
             site = (ctx.globals.get("__name__", "__main__"), call.lineno, ctx.fdef.name)
             runtime.register_log_site(site, logger, level)

@@ -1,0 +1,236 @@
+"""What a region records, and how a record is performed when the region closes.
+
+Plain Python, never traced: ``flush`` runs eagerly after the compiled call.
+Deferred values (``fstr``, ``pct``, ``fmt``, ``lazy`` in the package) are
+tuples headed by ``_DEFER`` and formatted here, at flush."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+
+Site = tuple  # (module __name__, line, function name)
+
+
+class _Marker:
+    """Heads a tuple that stands for a value formatted at flush: (_DEFER, kind, ...)."""
+
+    def __repr__(self) -> str:
+        return "<graphmend deferred value>"
+
+
+_DEFER = _Marker()
+_FSTR, _PCT, _FMT, _LAZY = "f-string", "percent", "format", "lazy"
+
+
+def _is_deferred(value: Any) -> bool:
+    return type(value) is tuple and len(value) > 0 and value[0] is _DEFER
+
+
+# --------------------------------------------------------------------------
+# records: what a region keeps of a deferred call, one type per kind
+
+
+class Print(NamedTuple):
+    """``print(*args, **kwargs)``."""
+
+    site: Site
+    args: tuple
+    kwargs: dict
+
+
+class Log(NamedTuple):
+    """``logger.<method>(*args, **kwargs)``."""
+
+    site: Site
+    logger: logging.Logger
+    method: str
+    args: tuple
+    kwargs: dict
+
+
+class Warn(NamedTuple):
+    """``warnings.warn(*args, **kwargs)``."""
+
+    site: Site
+    args: tuple
+    kwargs: dict
+
+
+class Trap(NamedTuple):
+    """``if flag: raise exc_type(*args)``; ``flag`` a 0-dim bool tensor."""
+
+    site: Site
+    flag: Any
+    exc_type: Any
+    args: tuple
+
+
+class Guess(NamedTuple):
+    """A [Speculate] site compiled for ``guess``; ``value`` (0-dim) is what it read."""
+
+    site: Site
+    guess: Any
+    value: Any
+
+
+class Observed(NamedTuple):
+    """A [Speculate] site that read ``value`` (0-dim) without guessing: the next guess."""
+
+    site: Site
+    value: Any
+
+
+# --------------------------------------------------------------------------
+# flush (plain Python, never traced)
+
+
+def _resolve(value: Any) -> Any:
+    if _is_deferred(value):
+        kind = value[1]
+        if kind == _FSTR:
+            out = []
+            for part in value[2]:
+                if isinstance(part, str):
+                    out.append(part)
+                    continue
+                item, conversion, spec = part
+                item = _resolve(item)
+                if conversion == "r":
+                    item = repr(item)
+                elif conversion == "s":
+                    item = str(item)
+                elif conversion == "a":
+                    item = ascii(item)
+                out.append(format(item, _resolve(spec) if spec else ""))
+            return "".join(out)
+        if kind == _PCT:
+            return _resolve(value[2]) % _resolve(value[3])
+        if kind == _FMT:
+            return _resolve(value[2]).format(*_resolve(value[3]), **_resolve(value[4]))
+        if kind == _LAZY:
+            conv, item = value[2], _resolve(value[3])
+            if conv in ("item", "tolist"):
+                return getattr(item, conv)()
+            return {"int": int, "float": float, "bool": bool}[conv](item)
+    if type(value) is tuple:
+        return tuple(_resolve(v) for v in value)
+    if type(value) is list:
+        return [_resolve(v) for v in value]
+    if type(value) is dict:
+        return {k: _resolve(v) for k, v in value.items()}
+    return value
+
+
+def _module_of(site: Site) -> tuple[str, dict]:
+    module = sys.modules.get(site[0])
+    namespace = vars(module) if module is not None else {"__name__": site[0]}
+    filename = namespace.get("__file__") or site[0]
+    return filename, namespace
+
+
+_RELOCATE = threading.local()
+_RELOCATING = threading.RLock()
+
+
+def _find_caller(logger: logging.Logger, original: Any) -> Any:
+    def find_caller(stack_info: bool = False, stacklevel: int = 1) -> tuple:
+        where = getattr(_RELOCATE, "where", None)
+        if where is not None and getattr(_RELOCATE, "logger", None) is logger:
+            return where
+        return original(stack_info, stacklevel)
+
+    return find_caller
+
+
+def _perform_print(args: tuple, kwargs: dict) -> None:
+    print(*_resolve(args), **_resolve(kwargs))
+
+
+@torch.compiler.disable
+def _perform_call(target: Any, method: str, args: tuple, kwargs: dict) -> None:
+    getattr(target, method)(*_resolve(args), **_resolve(kwargs))
+
+
+def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, kwargs: dict) -> None:
+    """Call the real logger method, with the record placed where eager put it.
+
+    A method of ``logging.Logger`` itself reports its caller (the original
+    site), so the call is relocated there. A method defined elsewhere
+    (transformers' ``warning_once``) reports its own frame, as it does when
+    called from here: it is called as is."""
+    args, kwargs = _resolve(args), _resolve(kwargs)
+    function = getattr(getattr(type(logger), method, None), "__module__", None)
+    if function != logging.__name__:
+        getattr(logger, method)(*args, **kwargs)
+        return
+    filename, _ = _module_of(site)
+    # The patch is on the logger, which other threads share: one relocated call at a time.
+    with _RELOCATING:
+        _RELOCATE.where = (filename, site[1], site[2], None)
+        _RELOCATE.logger = logger
+        had = "findCaller" in vars(logger)
+        saved = vars(logger).get("findCaller")
+        logger.findCaller = _find_caller(logger, type(logger).findCaller.__get__(logger))  # type: ignore[method-assign]
+        try:
+            getattr(logger, method)(*args, **kwargs)
+        finally:
+            _RELOCATE.where = None
+            _RELOCATE.logger = None
+            if had:
+                logger.findCaller = saved  # type: ignore[method-assign]
+            else:
+                del logger.findCaller
+
+
+def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
+    message = args[0] if args else kwargs["message"]
+    category = args[1] if len(args) > 1 else kwargs.get("category")
+    if isinstance(message, Warning):
+        category = message.__class__
+    if category is None:
+        category = UserWarning
+    filename, namespace = _module_of(site)
+    registry = namespace.setdefault("__warningregistry__", {}) if site[0] in sys.modules else {}
+    warnings.warn_explicit(
+        message,
+        category,
+        filename,
+        site[1],
+        module=site[0],
+        registry=registry,
+        # No module_globals: like warnings.warn itself, do not load the module's
+        # source on every call (linecache reads it only if the warning is shown).
+    )
+
+
+def _warn_resolved(site: Site, args: tuple, kwargs: dict) -> None:
+    _warn_explicit(site, _resolve(args), _resolve(kwargs))
+
+
+# The immediate paths are reached from traced code (a mended function compiled
+# outside a region): Dynamo must not trace into them. The flush below runs
+# eagerly and calls the plain functions, without the disable wrappers' cost.
+_print_now = torch.compiler.disable(_perform_print)
+_log_now = torch.compiler.disable(_call_logger)
+_warn_now = torch.compiler.disable(_warn_resolved)
+
+
+def flush(records: list) -> None:
+    """Perform recorded effects in order; a set trap raises and ends the flush."""
+    for record in records:
+        kind = type(record)
+        if kind is Print:
+            _perform_print(record.args, record.kwargs)
+        elif kind is Log:
+            _call_logger(record.site, record.logger, record.method, record.args, record.kwargs)
+        elif kind is Warn:
+            _warn_explicit(record.site, _resolve(record.args), _resolve(record.kwargs))
+        elif kind is Trap and bool(record.flag):
+            raise record.exc_type(*_resolve(record.args)) from None
+        # Guess and Observed were checked before the flush (regions.region)
