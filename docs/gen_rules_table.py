@@ -19,7 +19,6 @@ when it has one, else whether it is in ``DEFAULT_RULES`` (what
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
@@ -28,24 +27,13 @@ README = os.path.join(ROOT, "README.md")
 BEGIN, END = "<!-- rules:begin -->", "<!-- rules:end -->"
 
 
-def _first(candidates: list[tuple[str, str]]):
-    """The first ``module.attr`` of ``candidates`` that imports, or None."""
-    for module, attr in candidates:
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
 def rows() -> list[tuple[str, str, str, str, str]]:
+    from graphmend.check.find import CODES
+    from graphmend.discover.sites import CATEGORIES
+    from graphmend.pipeline import DEFAULT_RULES
     from graphmend.rules import load_rules
 
-    rules = load_rules()
-    defaults = _first([("graphmend.mend", "DEFAULT_RULES"), ("graphmend.api", "DEFAULT_RULES")]) or ()
-    names = _first([("graphmend.sites", "CATEGORIES")]) or {}
-    codes = _first([("graphmend.check.find", "CODES")]) or {}
-
+    rules, defaults, names, codes = load_rules(), DEFAULT_RULES, CATEGORIES, CODES
     order = [n for n in defaults if n in rules] + sorted(n for n in rules if n not in defaults)
     out = []
     for name in order:
@@ -54,9 +42,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
             fixes = "; ".join(f"`{c}` {names[c]}" if c in names else f"`{c}`" for c in sorted(rule.categories))
         else:
             fixes = f"{rule.offered} (the sites the other rules left)"
-        default = getattr(rule, "default", None)
-        if default is None:
-            default = name in defaults
+        default = name in defaults
         mine = sorted(code for code, (owner, _) in codes.items() if owner == name)
         out.append((f"`{name}`", fixes, rule.summary, "yes" if default else "no", ", ".join(mine) or "-"))
     return out

@@ -1,4 +1,5 @@
-"""The README's error table, row by row: the command, its exit code, its one line."""
+"""The README as users read it: the error table row by row (the command, its exit
+code, its one line), the rules table generated from the registry, its length."""
 
 import os
 import shlex
@@ -114,3 +115,22 @@ def test_training_mode_with_dropout_is_mended_and_verified_exactly():
     assert report.verified is True
     assert sorted(o.rule for o in report.applied) == ["defer", "where"]
     assert (report.before.breaks, report.after.breaks) == (2, 0)
+
+
+def test_the_readmes_rules_table_is_the_registrys():
+    """README's rules table is generated from the registry (docs/gen_rules_table.py --write)."""
+    sys.path.insert(0, os.path.join(ROOT, "docs"))
+    try:
+        import gen_rules_table
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    block = text.split("<!-- rules:begin -->\n", 1)[1].split("<!-- rules:end -->", 1)[0]
+    assert block == gen_rules_table.table()
+    assert block.count("\n| `") == 5  # where, defer, trap, scalar, speculate
+
+
+def test_the_readme_stays_a_users_page():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        assert sum(1 for _ in fh) <= 300

@@ -613,7 +613,7 @@ def test_a_warning_before_torch_assert_keeps_its_line():
     """The fuzz program (seed 13): the first fix for the assert above also counted `torch._assert(...)`,
     which on a tensor is a graph break, not an assert in the graph. It left that function's warning in
     place, and the warning, run in a frame Dynamo compiled, reported the `def` line (the torch issue in
-    the README). `torch._assert` does not count now: the warning is deferred and keeps its line."""
+    docs/torch-issues.md). `torch._assert` does not count now: the warning is deferred and keeps its line."""
     from fuzz.runner import check_program
 
     result = check_program(_fixture_program("fuzz_warning_before_torch_assert.py"), seed=1, start=1, aot=True)

@@ -118,7 +118,7 @@ def test_a_forward_hook_is_never_run_twice():
 
 
 def test_mend_plus_your_own_torch_compile_guesses_only_through_runtime_call():
-    """README: with graphmend.mend and your own torch.compile, guessing happens
+    """docs/rules.md (speculate): with graphmend.mend and your own torch.compile, guessing happens
     in graphmend.runtime.call(compiled, x); in a plain region it is .item()."""
     torch.manual_seed(0)
     model = Widen().eval()

@@ -368,7 +368,7 @@ def _rewrite_function(
         return node, done
     effects = [c.func.attr for c in ast.walk(node) if is_runtime_call(c, *EFFECTS)]
     # A break per assert, or one per effect left in place: the fewer. On a tie a warning tips it to
-    # the breaks: one left in a frame Dynamo compiled can report another line (README, torch issue).
+    # the breaks: one left in a frame Dynamo compiled can report another line (docs/torch-issues.md).
     needed = sum(1 for h in held if not barriers.guarded(h))
     barrier = needed < len(effects) or (needed == len(effects) and "warn" in effects)
     if barrier:
@@ -664,7 +664,7 @@ def _guard_held_asserts(
     _revert_rules(mending, groups, outcomes, {"defer", "trap"}, reason)
     without = _retrace(target, grad, flags)
     # On a tie a warning tips it to the breaks: one left in a frame Dynamo compiled can
-    # report another line (README, torch issue).
+    # report another line (docs/torch-issues.md).
     if with_breaks is not None and (
         with_breaks.graphs < without.graphs or (with_breaks.graphs == without.graphs and "warn" in recording)
     ):
@@ -753,7 +753,7 @@ def _ways_back(
     patches taken back, capture flags traced with). The capture flags dropped,
     or one applied patch with what cannot stay without it. Not a patch that
     defers a ``warnings.warn``: left in a frame Dynamo compiles, the warning
-    can report another line (README, torch issue), and with the other
+    can report another line (docs/torch-issues.md), and with the other
     rewrites installed that frame is not the original's; it goes only with
     everything, when nothing else helps."""
     ways = {frozenset(_with_dependants(mending, groups, outcomes, i))

@@ -257,7 +257,7 @@ class Result:
     mismatches: list[str] = field(default_factory=list)
     backend_differences: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)  # mismatches of a known bug with an xfail regression test
-    documented: list[str] = field(default_factory=list)  # a README limitation (grad_fn of printed tensors)
+    documented: list[str] = field(default_factory=list)  # a documented limitation (docs/limits.md, printed values: grad_fn)
     outcomes: list[tuple[str, str, str, str]] = field(default_factory=list)  # category, rule, status, reason
     detail: str = ""
     graphs: tuple[int, int] = (0, 0)  # graphs on the example input, before and after mending (the report's)
@@ -539,7 +539,7 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
             result.known += diff
             continue
         expected, got = arms[arm]
-        if "grad" in arm:  # README: a tensor printed under autograd loses its grad_fn text
+        if "grad" in arm:  # docs/limits.md: a tensor printed under autograd loses its grad_fn text
             stripped = _differences(arm, [_without_grad_fn(o) for o in expected], [_without_grad_fn(o) for o in got])
             result.documented += [d for d in diff if d not in stripped]
             diff = stripped

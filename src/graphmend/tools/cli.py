@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="list every graph break of a target, why, and which rule fixes it")
     p.add_argument("target", help=_target_help())
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema: docs/cli.md)")
     p.add_argument("--calls", type=int, default=1, help="calls on the example inputs (default 1)")
     p.add_argument("--grad", action="store_true", help="run with autograd enabled (default: no_grad)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="list candidate break sites in source files, statically (no model, no run)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders")
-    p.add_argument("--json", action="store_true", help="print the findings as JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON (schema: docs/cli.md)")
     p.add_argument("--select", help="comma-separated codes or prefixes (GM101,GM2; ALL adds the opt-in [Scalar] GM4xx)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
