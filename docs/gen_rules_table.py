@@ -28,12 +28,10 @@ BEGIN, END = "<!-- rules:begin -->", "<!-- rules:end -->"
 
 
 def rows() -> list[tuple[str, str, str, str, str]]:
-    from graphmend.check.find import CODES
-    from graphmend.discover.sites import CATEGORIES
-    from graphmend.pipeline import DEFAULT_RULES
-    from graphmend.rules import load_rules
+    from graphmend.discover.sites import CATEGORIES as names
+    from graphmend.rules import default_rules, load_rules
 
-    rules, defaults, names, codes = load_rules(), DEFAULT_RULES, CATEGORIES, CODES
+    rules, defaults = load_rules(), default_rules()
     order = [n for n in defaults if n in rules] + sorted(n for n in rules if n not in defaults)
     out = []
     for name in order:
@@ -42,9 +40,8 @@ def rows() -> list[tuple[str, str, str, str, str]]:
             fixes = "; ".join(f"`{c}` {names[c]}" if c in names else f"`{c}`" for c in sorted(rule.categories))
         else:
             fixes = f"{rule.offered} (the sites the other rules left)"
-        default = name in defaults
-        mine = sorted(code for code, (owner, _) in codes.items() if owner == name)
-        out.append((f"`{name}`", fixes, rule.summary, "yes" if default else "no", ", ".join(mine) or "-"))
+        codes = ", ".join(sorted(rule.codes)) or "-"
+        out.append((f"`{name}`", fixes, rule.summary, "yes" if rule.default else "no", codes))
     return out
 
 

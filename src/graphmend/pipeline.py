@@ -69,10 +69,10 @@ from graphmend.models.targets import Target, private_copy
 from graphmend.passes import barriers
 from graphmend.rewrite import engine
 from graphmend.rewrite.verify import Observation, compare, observe
-from graphmend.rules import Decline, Rule, load_rules
+from graphmend.rules import Decline, Rule, default_rules, load_rules, rule_with_pass
 
-DEFAULT_RULES = ("where", "defer", "trap", "scalar", "speculate")
-CAPTURE_RULE = "scalar"  # the rule whose mechanism includes measured capture
+DEFAULT_RULES = default_rules()
+CAPTURE_RULE = rule_with_pass("capture")  # the rule whose mechanism includes measured capture
 
 
 @dataclass

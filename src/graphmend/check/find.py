@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from graphmend.analysis.effects import is_guard_if, is_side_effect_call
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr, is_torch_attr
 from graphmend.analysis.source import dotted_name
 from graphmend.check import safety
@@ -30,23 +31,10 @@ from graphmend.check.tensors import (
     tensor_facts,
     tensor_truth,
 )
-from graphmend.discover.sites import is_guard_if, is_side_effect_call
+from graphmend.rules import check_codes
 
-#: code -> (rule or None, what it flags). The table in the package doc.
-CODES: dict[str, tuple[str | None, str]] = {
-    "GM000": (None, "the file could not be parsed"),
-    "GM101": ("where", "`if` on a tensor value"),
-    "GM102": ("where", "`while` on a tensor value"),
-    "GM103": ("where", "conditional expression on a tensor value"),
-    "GM201": ("defer", "`print` run by forward"),
-    "GM202": ("defer", "logger / logging call run by forward"),
-    "GM203": ("defer", "`warnings.warn` run by forward"),
-    "GM301": ("trap", "`raise` guarded by a tensor value"),
-    "GM302": ("trap", "`assert` on a tensor value"),
-    "GM303": ("trap", "`torch._assert` on a tensor value"),
-    "GM401": ("scalar", "tensor to Python scalar (`.item()`, `.tolist()`)"),
-    "GM402": ("scalar", "data-dependent output shape (`nonzero`, boolean mask)"),
-}
+#: code -> (rule or None, what it flags): GM000, and each rule's own codes (the registry).
+CODES: dict[str, tuple[str | None, str]] = {"GM000": (None, "the file could not be parsed"), **check_codes()}
 
 _EFFECT_CODES = {"print": "GM201", "warn": "GM203", "warnings.warn": "GM203", "warnings.warn_explicit": "GM203"}
 

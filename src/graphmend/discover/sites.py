@@ -15,6 +15,7 @@ import ast
 import os
 from dataclasses import dataclass, field
 
+from graphmend.analysis.effects import is_guard_if, is_side_effect_call
 from graphmend.analysis.source import (
     calls_in,
     dotted_name,
@@ -28,6 +29,7 @@ from graphmend.discover.trace import (
     innermost_user_frame,
     is_library_internal,
 )
+from graphmend.rules import rule_for_category
 
 CATEGORIES: dict[str, str] = {
     "DC": "data-dependent control flow",
@@ -40,31 +42,12 @@ CATEGORIES: dict[str, str] = {
     "OTHER": "other",
 }
 
-#: The rule that addresses each category (the paper's three rules, and
-#: [Scalar] beyond the paper for data-dependent scalars and shapes).
-RULE_FOR: dict[str, str] = {"DC": "where", "LC": "defer", "VG": "trap", "TI": "scalar", "DO": "scalar"}
-
 OUT_OF_SCOPE: dict[str, str] = {
     "DS": "a dynamic-shape limitation of Dynamo, not a source pattern",
     "UNSUP": "a call Dynamo cannot trace; no rule rewrites it",
     "OTHER": "not a pattern any rule addresses",
 }
 
-LOG_METHODS = frozenset(
-    {
-        "debug",
-        "info",
-        "warning",
-        "warn",
-        "error",
-        "exception",
-        "critical",
-        "fatal",
-        "log",
-        "warning_once",
-        "info_once",
-    }
-)
 
 _TI_IDS = {"GB0124", "GB0109"}
 _DO_IDS = {"GB0036"}
@@ -128,53 +111,6 @@ def display_path(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _is_print(call: ast.Call) -> bool:
-    return isinstance(call.func, ast.Name) and call.func.id == "print"
-
-
-def is_side_effect_call(call: ast.Call) -> bool:
-    """print(...), warnings.warn(...), logger.<method>(...), logging.getLogger(...)."""
-    if _is_print(call):
-        return True
-    if _receiver_is_logger_call(call):
-        return True
-    name = dotted_name(call.func)
-    if name is None:
-        return False
-    leaf = name.rsplit(".", 1)[-1]
-    if name in ("warnings.warn", "warn", "warnings.warn_explicit"):
-        return True
-    if leaf in ("getLogger", "get_logger"):
-        return True
-    if leaf not in LOG_METHODS or "." not in name:
-        return False
-    receiver = name.rsplit(".", 1)[0]
-    last = receiver.rsplit(".", 1)[-1].lower()
-    if last in ("torch", "math", "np", "numpy", "f", "functional"):
-        return False  # torch.log, math.log: arithmetic, not logging
-    return "log" in last or last == "warnings"
-
-
-def _receiver_is_logger_call(call: ast.Call) -> bool:
-    func = call.func
-    return (
-        isinstance(func, ast.Attribute)
-        and isinstance(func.value, ast.Call)
-        and (dotted_name(func.value.func) or "").rsplit(".", 1)[-1] in ("getLogger", "get_logger")
-        and func.attr in LOG_METHODS
-    )
-
-
-def _raises_only(body: list[ast.stmt]) -> bool:
-    return bool(body) and all(isinstance(s, ast.Raise) for s in body)
-
-
-def is_guard_if(node: ast.stmt) -> bool:
-    if not isinstance(node, ast.If):
-        return False
-    return _raises_only(node.body) or (bool(node.orelse) and _raises_only(node.orelse))
-
-
 def _detail_is_side_effect(event: BreakEvent) -> bool:
     detail = event.detail
     return (
@@ -217,20 +153,11 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
     return "OTHER"
 
 
-_VERDICT = {
-    "where": "[Where] predicate the branch with torch.where / torch.cond",
-    "defer": "[Defer] record in the graph, emit after the compiled call",
-    "trap": "[Trap] compute a flag in the graph, raise at the call boundary",
-    "scalar": "[Scalar] capture the value in the graph where measurement shows it helps, "
-    "or rewrite the pattern (full loop over a filtered index list, scalar fed to tensor ops); "
-    "then [Speculate] guess a flag that steers control flow",
-}
-
-
 def verdict_for(category: str) -> tuple[str | None, str]:
-    rule = RULE_FOR.get(category)
+    """The rule that claims ``category`` (the registry's), and what it would do."""
+    rule = rule_for_category(category)
     if rule is not None:
-        return rule, _VERDICT[rule]
+        return rule.name, rule.verdict
     return None, "out of scope: " + OUT_OF_SCOPE.get(category, OUT_OF_SCOPE["OTHER"])
 
 

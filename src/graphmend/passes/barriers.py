@@ -64,7 +64,6 @@ import torch
 
 from graphmend.analysis.asserts import held_asserts
 from graphmend.analysis.source import (
-    EFFECTS,
     RUNTIME_NAME,
     dotted_name,
     first_line,
@@ -74,8 +73,9 @@ from graphmend.analysis.source import (
 from graphmend.discover.sites import display_path
 from graphmend.discover.trace import is_model_code
 from graphmend.rewrite import engine
+from graphmend.rules import recording_calls
 
-RECORDS = (*EFFECTS, "trap")  # the runtime calls that record into the region
+RECORDS = recording_calls()  # the runtime calls that record into the region
 
 def records(node: ast.AST) -> set[str]:
     """The record-making runtime calls in ``node`` (``print_``, ``log``, ``warn``, ``trap``)."""

@@ -7,6 +7,13 @@ statements that replace it, or raises :class:`Decline` with a reason the user
 will read. Rules never walk the tree or install code: the engine does that.
 Adding a rule is adding a module; a rule not built yet is simply absent.
 
+The registry is the one source of each rule's facts (the class attributes of
+:class:`Rule`): the break categories it claims and what ``explain`` says of
+them, whether it is on by default and in which order, its ``graphmend check``
+codes, the runtime calls that record, the pipeline passes it brings. Rules
+read source facts only (``graphmend.analysis``), so every layer above can ask
+the registry.
+
 Each rule module opens with its documentation in the same sections as
 ruff's rule docs (what it rewrites, why the original breaks, example, when it
 declines); ``graphmend rules`` prints it.
@@ -138,10 +145,19 @@ class RewriteContext:
 class Rule:
     """Base class: subclasses set ``name``, ``categories``, ``summary``."""
 
+    # The rule's facts. Everything else reads them here: discovery's verdicts,
+    # the default rule set, ``graphmend check``'s codes, reports, barriers.
     name: ClassVar[str] = ""
-    categories: ClassVar[frozenset[str]] = frozenset()
+    categories: ClassVar[frozenset[str]] = frozenset()  # the break categories (discover.sites) it claims
     offered: ClassVar[str] = ""  # a rule not claiming a category: which sites it is offered, for listings
-    summary: ClassVar[str] = ""
+    summary: ClassVar[str] = ""  # one line, for listings
+    verdict: ClassVar[str] = ""  # what `explain` says of a site of its categories
+    default: ClassVar[bool] = True  # on unless the user's `rules=` leaves it out
+    rank: ClassVar[int] = 0  # its place among the default rules (the order rounds try them)
+    codes: ClassVar[dict[str, str]] = {}  # `graphmend check` codes it owns -> what each flags
+    records: ClassVar[tuple[str, ...]] = ()  # runtime calls its rewrites make that record into a region
+    passes: ClassVar[tuple[str, ...]] = ()  # pipeline passes it brings ("capture": measured capture flags)
+    style: ClassVar[str] = "yellow"  # its colour in reports
 
     @property
     def doc(self) -> str:
@@ -186,3 +202,25 @@ def rule_for_category(category: str, enabled: tuple[str, ...] | None = None) -> 
         if category in rule.categories and (enabled is None or rule.name in enabled):
             return rule
     return None
+
+
+def default_rules() -> tuple[str, ...]:
+    """The rules on by default, in the order rounds try them."""
+    rules = sorted((r for r in load_rules().values() if r.default), key=lambda r: r.rank)
+    return tuple(r.name for r in rules)
+
+
+def check_codes() -> dict[str, tuple[str, str]]:
+    """``graphmend check`` code -> (its rule, what it flags), by code."""
+    codes = {code: (r.name, what) for r in load_rules().values() for code, what in r.codes.items()}
+    return dict(sorted(codes.items()))
+
+
+def recording_calls() -> tuple[str, ...]:
+    """The runtime calls that record into a region, over every rule."""
+    return tuple(call for r in load_rules().values() for call in r.records)
+
+
+def rule_with_pass(name: str) -> str | None:
+    """The rule that brings pipeline pass ``name``, or None."""
+    return next((r.name for r in load_rules().values() if name in r.passes), None)

@@ -84,8 +84,8 @@ from __future__ import annotations
 import ast
 import warnings
 
+from graphmend.analysis.effects import LOG_METHODS
 from graphmend.analysis.source import EFFECTS, is_runtime_call
-from graphmend.discover.sites import LOG_METHODS
 from graphmend.rules import Decline, RewriteContext, Rule, register
 
 _CONVERSIONS_METHODS = {"item", "tolist"}
@@ -97,6 +97,15 @@ class Defer(Rule):
     name = "defer"
     categories = frozenset({"LC"})
     summary = "record print / logging / warnings in the graph, perform them after the compiled call"
+    verdict = "[Defer] record in the graph, emit after the compiled call"
+    rank = 2
+    codes = {
+        "GM201": "`print` run by forward",
+        "GM202": "logger / logging call run by forward",
+        "GM203": "`warnings.warn` run by forward",
+    }
+    records = EFFECTS
+    style = "green"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if _is_deferred(stmt):  # deferred already, with another site of this function

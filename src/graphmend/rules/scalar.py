@@ -1,6 +1,6 @@
 """[Scalar] data-dependent scalars and shapes (categories: TI, DO).
 
-## What it does
+## What it rewrites
 Source rewrites first, then measured capture for what is left; each proven
 or declined:
 
@@ -149,6 +149,17 @@ class Scalar(Rule):
     name = "scalar"
     categories = frozenset({"TI", "DO"})
     summary = "measured scalar/dynamic-output capture; full loops over filtered index lists; scalars fed to tensor ops"
+    verdict = (
+        "[Scalar] capture the value in the graph where measurement shows it helps, "
+        "or rewrite the pattern (full loop over a filtered index list, scalar fed to tensor ops); "
+        "then [Speculate] guess a flag that steers control flow"
+    )
+    rank = 4
+    codes = {
+        "GM401": "tensor to Python scalar (`.item()`, `.tolist()`)",
+        "GM402": "data-dependent output shape (`nonzero`, boolean mask)",
+    }
+    passes = ("capture",)
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if isinstance(stmt, ast.Assign) and _index_list(stmt.value, ctx) is not None:

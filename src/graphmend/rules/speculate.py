@@ -56,6 +56,7 @@ class Speculate(Rule):
     categories = frozenset()  # not claimed by category: mend.py offers it the TI sites [scalar] left
     offered = "TI, after scalar"
     summary = "guess a host value that steers control flow; check it when the call ends, run again if wrong"
+    rank = 5
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if not (

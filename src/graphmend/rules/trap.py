@@ -59,6 +59,7 @@ import contextlib
 import copy
 from typing import Any, Iterator
 
+from graphmend.analysis.effects import LOG_METHODS, is_side_effect_call
 from graphmend.analysis.facts import FunctionFacts, bound_before, speculation_blockers
 from graphmend.analysis.source import (
     definition_of,
@@ -67,7 +68,6 @@ from graphmend.analysis.source import (
     parse_file,
     statement_in,
 )
-from graphmend.discover.sites import LOG_METHODS, is_side_effect_call
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import check_lowerable, has_boolops, lower
 from graphmend.rules.defer import Defer
@@ -90,6 +90,15 @@ class Trap(Rule):
     name = "trap"
     categories = frozenset({"VG"})
     summary = "compute validation checks as a flag in the graph, raise the same exception after the call"
+    verdict = "[Trap] compute a flag in the graph, raise at the call boundary"
+    rank = 3
+    codes = {
+        "GM301": "`raise` guarded by a tensor value",
+        "GM302": "`assert` on a tensor value",
+        "GM303": "`torch._assert` on a tensor value",
+    }
+    records = ("trap",)
+    style = "magenta"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)

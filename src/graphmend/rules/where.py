@@ -120,6 +120,14 @@ class Where(Rule):
     name = "where"
     categories = frozenset({"DC"})
     summary = "compute both branches of a tensor-valued if and select with torch.where"
+    verdict = "[Where] predicate the branch with torch.where / torch.cond"
+    rank = 1
+    codes = {
+        "GM101": "`if` on a tensor value",
+        "GM102": "`while` on a tensor value",
+        "GM103": "conditional expression on a tensor value",
+    }
+    style = "cyan"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if isinstance(stmt, ast.While):

@@ -55,11 +55,11 @@ from typing import Any
 
 from graphmend.analysis.source import RUNTIME_NAME, first_line
 from graphmend.errors import GraphmendError
-from graphmend.rules import Decline
+from graphmend.rules import Decline, recording_calls
 
 RUNTIME_ALIAS = "graphmend_rt"
 IMPORT_LINE = f"import graphmend.runtime as {RUNTIME_ALIAS}"
-_SITE_CALLS = {"print_", "log", "warn", "trap"}  # runtime calls whose first argument is (module, line, function)
+_SITE_CALLS = set(recording_calls())  # runtime calls whose first argument is (module, line, function)
 _BODY_FIELDS = ("body", "orelse", "finalbody")
 
 

@@ -15,9 +15,15 @@ if TYPE_CHECKING:
     from graphmend.tools.bench import BenchReport
     from graphmend.tools.suite import SuiteReport
 from graphmend.discover.sites import CATEGORIES, verdict_for
+from graphmend.rules import load_rules
 
 _CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "DS", "UNSUP", "OTHER"]
-_RULE_STYLE = {"where": "cyan", "defer": "green", "trap": "magenta"}
+
+
+def _style(rule: str | None) -> str:
+    """A rule's colour (the registry's); out-of-scope sites are yellow."""
+    found = load_rules().get(rule or "")
+    return found.style if found is not None else "yellow"
 
 
 def _shorten(code: str, width: int = 70) -> str:
@@ -75,7 +81,7 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
             reason = site.reason + (f" ({site.gb_id})" if site.gb_id else "")
             if site.events > 1:
                 reason += f"\n{site.events} events"
-            verdict = Text(site.rule or "out of scope", style=_RULE_STYLE.get(site.rule or "", "yellow"))
+            verdict = Text(site.rule or "out of scope", style=_style(site.rule))
             table.add_row(
                 Text(site.category, style="bold"),
                 where,
