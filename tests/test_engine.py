@@ -109,17 +109,15 @@ def test_unmend_restores_exact_code_objects_for_all_shapes():
 
 
 def test_compile_falls_back_to_the_original_when_mending_fails(monkeypatch):
-    import importlib
-
-    M = importlib.import_module("graphmend.pipeline")  # the module, not the graphmend.mend function
+    from graphmend.rewrite.session import Session
 
     model = C.UsesSuper()
     original = C.UsesSuper.forward.__code__
 
-    def broken_retrace(target, grad):
+    def broken_retrace(session, flags=()):
         raise RuntimeError("injected failure in discovery")
 
-    monkeypatch.setattr(M, "_retrace", broken_retrace)
+    monkeypatch.setattr(Session, "retrace", broken_retrace)  # the first retrace follows the first round
     backend = CountingBackend()
     compiled = graphmend.compile(model, backend=backend)
     got = run(compiled, *X)  # mends on this first call, which fails: a warning, then the original

@@ -11,15 +11,15 @@ import importlib
 
 import pytest
 import torch
+from effects_capture import CountingBackend, run
 
 import graphmend
 from graphmend.models import demo
 from graphmend.rewrite import engine, verify
 from graphmend.rules import load_rules
 
-from effects_capture import CountingBackend, run
-
 mend_module = importlib.import_module("graphmend.pipeline")  # graphmend.mend is also the API function
+session_module = importlib.import_module("graphmend.rewrite.session")  # where every pass observes and compares
 
 
 def _fault(*args, **kwargs):
@@ -68,11 +68,11 @@ def _same_behaviour(got, expected):
 
 WHOLE_STAGES = {
     "discovery": (mend_module, "explain_target"),
-    "baseline observation": (mend_module, "observe"),
+    "baseline observation": (session_module, "observe"),
     "locate": (engine, "locate"),
     "build": (engine, "build"),
     "install": (engine, "install"),
-    "verification compare": (mend_module, "compare"),
+    "verification compare": (session_module, "compare"),
 }
 
 
@@ -133,7 +133,7 @@ def test_a_fault_in_the_mended_observation_reverts_everything(reference, monkeyp
             raise RuntimeError("injected fault")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(mend_module, "observe", second_call_fails)
+    monkeypatch.setattr(session_module, "observe", second_call_fails)
     got, report, fallbacks = _mended_run()
     _same_behaviour(got, expected)
     assert report is None or report.applied == []

@@ -38,7 +38,6 @@ TOP = ("graphmend", "graphmend.__main__")
 # registry facts, which moved into them from six other modules.
 LINE_LIMIT = 600
 OVERSIZE = {
-    "graphmend.pipeline": 1212,
     "graphmend.rules.where": 908,
     "graphmend.rules.trap": 862,
     "graphmend.rules.scalar": 766,

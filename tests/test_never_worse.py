@@ -8,15 +8,18 @@ import importlib
 
 import pytest
 import torch
-
-import graphmend
 from conftest import counting_graphs, has_transformers
 from effects_capture import CountingBackend, run
+
+import graphmend
 from graphmend.discover.capture import SCALAR, Capture
-from graphmend.rules import load_rules
 from graphmend.rewrite.verify import tensors_in
+from graphmend.rules import load_rules
 
 mend_module = importlib.import_module("graphmend.pipeline")  # graphmend.mend is also the API function
+session_module = importlib.import_module("graphmend.rewrite.session")
+from graphmend.passes import capturing  # noqa: E402
+from graphmend.passes.never_worse import with_dependants  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -77,8 +80,9 @@ def test_a_deferred_warning_is_taken_back_only_with_everything(monkeypatch):
     """A rewrite that defers a warnings.warn and leaves more graphs: taken back alone,
     the warning would run in a frame Dynamo compiles, where a warning can report another
     line; here it is the only rewrite, so the program is the original."""
-    from graphmend.rules.defer import Defer
     from never_worse import Model, WarningLayer, build
+
+    from graphmend.rules.defer import Defer
 
     monkeypatch.setattr(Defer, "rewrite", _defers_with_a_graph_break(Defer.rewrite))
     model, args, _ = build(Model, WarningLayer)
@@ -135,7 +139,7 @@ def test_capture_flags_that_cost_graphs_are_dropped(monkeypatch):
     and the report says so; nothing else was installed, so after is before."""
     from never_worse import Slice, build
 
-    real = mend_module._trial
+    real = session_module.trial
 
     def costly(target, grad, flags):
         trial = real(target, grad, flags)
@@ -143,8 +147,8 @@ def test_capture_flags_that_cost_graphs_are_dropped(monkeypatch):
             trial.report.graphs += 2
         return trial
 
-    monkeypatch.setattr(mend_module, "_trial", costly)
-    monkeypatch.setattr(mend_module, "decide", lambda base, measure: (Capture((SCALAR,), ["kept (injected)"]), measure((SCALAR,))))
+    monkeypatch.setattr(session_module, "trial", costly)
+    monkeypatch.setattr(capturing, "decide", lambda base, measure: (Capture((SCALAR,), ["kept (injected)"]), measure((SCALAR,))))
     model, args, _ = build(Slice)
     report = graphmend.mend(model, *args)
     assert report.capture.flags == ()
@@ -174,9 +178,9 @@ def test_what_goes_with_a_patch_keeps_every_recorded_assert_guarded():
     ]
     mending = mend_module.Mending()
     mending.patches = [SimpleNamespace(node=ast.parse(n)) for n in nodes]
-    groups = {0: [("f", 1)], 1: [("f", 2)], 2: [], 3: [("f", 4)]}
+    mending.groups = {0: [("f", 1)], 1: [("f", 2)], 2: [], 3: [("f", 4)]}
     outcomes = {("f", i): SimpleNamespace(status="applied") for i in (1, 2, 4)}
-    dependants = [mend_module._with_dependants(mending, groups, outcomes, i) for i in (0, 1, 3)]
+    dependants = [with_dependants(mending, outcomes, i) for i in (0, 1, 3)]
     assert dependants == [{0, 1, 2}, {1}, {3}]
 
 

@@ -6,7 +6,7 @@ tensor it becomes ``torch._assert_async`` in the graph (as a direct
 raises before it returns. (``torch._assert(cond, msg)`` on a tensor is a
 graph break: the graph before it completes, so nothing recorded is lost.)
 Output [Defer] recorded and checks [Trap] flagged earlier in that graph are
-then lost (Dynamo applies side effects when a graph completes), so mend.py
+then lost (Dynamo applies side effects when a graph completes), so the pipeline (passes/held.py)
 and barriers.py keep them safe where ``held_asserts`` finds such an assert (a
 graph break before it, ``runtime.barrier``).
 

@@ -42,7 +42,7 @@ Example
                 return h * 2
 
 When it does not
-    A model that records nothing needs no break. mend.py measures the
+    A model that records nothing needs no break. passes/held.py measures the
     breaks on the example inputs: when they leave more graphs than the
     mended program had without them, the record-making rewrites are reverted
     instead (then nothing is recorded). Asserts Dynamo cannot compile (a

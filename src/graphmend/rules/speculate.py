@@ -4,7 +4,7 @@
 ``name = <tensor>.item()`` whose value decides Python control flow (an
 ``if`` that changes shapes, as Longformer's ``is_global_attn``), when no
 [Scalar] source pattern applies. It runs after the other rules, on the sites
-they left (mend.py).
+they left (passes/speculation.py).
 
 ## Why the original breaks
 ``.item()`` reads a tensor's value on the host: a break (GB0124). With
@@ -53,7 +53,7 @@ from graphmend.rules import Decline, RewriteContext, Rule, register
 @register
 class Speculate(Rule):
     name = "speculate"
-    categories = frozenset()  # not claimed by category: mend.py offers it the TI sites [scalar] left
+    categories = frozenset()  # not claimed by category: passes/speculation.py offers it the TI sites [scalar] left
     offered = "TI, after scalar"
     summary = "guess a host value that steers control flow; check it when the call ends, run again if wrong"
     rank = 5

@@ -306,7 +306,7 @@ def _shared(module: Any, name: str, tensor: Any) -> bool:
 
 def barrier() -> None:
     """A graph break, placed before an assert that may be on tensor values when
-    the mended code records (mend.py, barriers.py). Dynamo compiles such an
+    the mended code records (passes/held.py, passes/barriers.py). Dynamo compiles such an
     assert into the graph, and a graph that raises loses the records made in
     it: the break ends the graph before the assert, so the records made so far
     reach the region, which performs them (and raises a set trap) even when

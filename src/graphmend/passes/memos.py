@@ -1,0 +1,40 @@
+"""Memos: hoisted memo attributes set on the user's model at mend time.
+
+A hoisted ``if not hasattr(self, k): self.k = pure_init(...)`` would run in
+the first compiled call and flip Dynamo's ``hasattr`` guard, recompiling on
+the second. The initialiser is proven pure, so its value is taken from one
+eager run of a private copy and set on the user's modules up front.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphmend import runtime
+from graphmend.models.targets import private_copy
+from graphmend.rewrite.session import Session
+from graphmend.rewrite.verify import quiet
+
+
+def prefill(session: Session) -> None:
+    target, names = session.target, session.mending.memo_attrs
+    if not (names and session.mending.patches) or not isinstance(target.model, torch.nn.Module):
+        return
+    subject = private_copy(target)
+    try:
+        with quiet(), runtime.region(), (torch.enable_grad() if session.grad else torch.no_grad()):
+            subject.model(*subject.args, **subject.kwargs)
+    except Exception:
+        return
+    filled = []
+    copies = dict(subject.model.named_modules())
+    for path, module in target.model.named_modules():
+        twin = copies.get(path)
+        for name in names:
+            if twin is not None and name in vars(twin) and name not in vars(module):
+                setattr(module, name, vars(twin)[name])
+                filled.append(f"{path}.{name}" if path else name)
+    if filled:
+        for found in session.outcomes.values():
+            if found.status == "applied" and any("memoised" in n for n in found.notes):
+                found.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")

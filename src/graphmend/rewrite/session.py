@@ -1,0 +1,320 @@
+"""One mend of one target: the state every pass of the pipeline reads and changes.
+
+A :class:`Session` owns the target, the installed patches (a
+:class:`Mending`, each patch knowing the sites it applies), every site's
+outcome, and the measurements so far. Two ways back, and only two:
+
+- ``checkpoint()`` / ``Checkpoint.restore()``: the patches, their sites and
+  the outcomes exactly as they were (a trial, a round that failed);
+- ``take_back(patches, reason)``: undo chosen patches for good; their
+  applied sites become ``reverted`` with the reason the user reads.
+
+The measures (``trial``, ``retrace``, ``worse``) trace a private copy of the
+target, so a pass never runs the user's model itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphmend import runtime
+from graphmend.analysis import source
+from graphmend.analysis.source import RUNTIME_NAME
+from graphmend.discover.capture import Capture, Trial
+from graphmend.discover.explain import ExplainReport, report_from_trace
+from graphmend.discover.sites import BreakSite, display_path
+from graphmend.discover.trace import trace_breaks
+from graphmend.errors import describe
+from graphmend.models.targets import Target, private_copy
+from graphmend.rewrite import engine
+from graphmend.rewrite.verify import Observation, compare, observe
+
+Key = tuple  # (file, line) of a site
+
+
+@dataclass
+class SiteOutcome:
+    file: str
+    line: int
+    function: str
+    code: str
+    category: str
+    rule: str | None
+    status: str  # applied | declined | reverted (a difference, or the program got worse) | out of scope
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return display_path(self.file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "path": self.path,
+            "line": self.line,
+            "function": self.function,
+            "code": self.code,
+            "category": self.category,
+            "rule": self.rule,
+            "status": self.status,
+            "reason": self.reason,
+            "notes": list(self.notes),
+        }
+
+
+def key(site: BreakSite) -> Key:
+    return (site.file, site.line)
+
+
+def outcome(site: BreakSite, status: str, reason: str, rule: str | None, notes: Any = ()) -> SiteOutcome:
+    return SiteOutcome(
+        file=site.file,
+        line=site.line,
+        function=site.function,
+        code=site.code,
+        category=site.category,
+        rule=rule,
+        status=status,
+        reason=reason,
+        notes=list(notes),
+    )
+
+
+def copy_outcome(found: SiteOutcome) -> SiteOutcome:
+    return dataclasses.replace(found, notes=list(found.notes))
+
+
+class Mending:
+    """The patches installed for one target; ``undo`` restores every original."""
+
+    def __init__(self) -> None:
+        self.patches: list[engine.Patch] = []
+        self.memo_attrs: set[str] = set()  # attributes rewrites may create early (not state differences)
+        self.target: Target | None = None  # what was mended, with its example inputs
+        self.report: Any = None  # the MendReport, set by the API that made it
+        self.groups: dict[int, list[Key]] = {}  # patch index -> the sites it applies
+
+    @contextlib.contextmanager
+    def original_code(self) -> Any:
+        """The original code of every patched function, for the block."""
+        codes = [(fn, fn.__code__) for p in self.patches for fn in p.located.functions]
+        for patch in self.patches:
+            for fn in patch.located.functions:
+                fn.__code__ = patch.original_code
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            for fn, code in codes:
+                fn.__code__ = code
+            torch._dynamo.reset()
+
+    def by_code(self) -> dict[int, engine.Patch]:
+        return {id(p.new_code): p for p in self.patches}
+
+    def add(self, patch: engine.Patch, keys: list[Key]) -> None:
+        """Install ``patch`` for the sites ``keys``; a later round's patch of the
+        same function takes its earlier one's place and adds to its sites."""
+        previous = patch.located.previous
+        if previous is not None:
+            index = self.patches.index(previous)
+            self.patches[index] = patch
+            self.groups[index] = self.groups.get(index, []) + keys
+        else:
+            self.patches.append(patch)
+            self.groups[len(self.patches) - 1] = keys
+
+    def undo(self) -> None:
+        for patch in reversed(self.patches):
+            patch.uninstall()
+        self.patches.clear()
+        self.groups.clear()
+        torch._dynamo.reset()
+
+    def __enter__(self) -> "Mending":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+@dataclass
+class Session:
+    """What the passes share while one target is mended (pipeline.py)."""
+
+    target: Target
+    rules: tuple[str, ...]
+    grad: bool = False
+    verify: bool = True
+    max_rounds: int = 3
+    mending: Mending = field(default_factory=Mending)
+    outcomes: dict[Key, SiteOutcome] = field(default_factory=dict)
+    observed: list[tuple[Any, ...]] = field(default_factory=list)  # frame chains of every break seen (chains.py)
+    baseline: Observation | None = None  # the original's behaviour (eager)
+    before: ExplainReport | None = None  # the original's breaks
+    current: ExplainReport | None = None  # as installed, traced with the kept capture flags
+    plain: ExplainReport | None = None  # as installed, traced without capture
+    capture: Capture = field(default_factory=Capture)
+    rounds: int = 0
+    kept: list[str] = field(default_factory=list)  # graph breaks kept before asserts, or why not (barriers.py)
+    differences: list[str] = field(default_factory=list)
+    verified: bool | None = None  # None: verification off
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def groups(self) -> dict[int, list[Key]]:
+        return self.mending.groups
+
+    # -- running the target ------------------------------------------------
+
+    def observe(self, in_region: bool) -> Observation:
+        """One eager run of the target as installed: the original's behaviour
+        when nothing is (``in_region=False``), the mended one's in a region."""
+        return observe(self.target.model, self.target.args, self.target.kwargs, in_region=in_region, grad=self.grad)
+
+    def differences_from(self, baseline: Observation) -> list[str]:
+        """What the installed code does differently from ``baseline``."""
+        return compare(baseline, self.observe(in_region=True), memo_attrs=self.mending.memo_attrs)
+
+    def trial(self, flags: tuple[str, ...] = ()) -> Trial:
+        return trial(self.target, self.grad, flags)
+
+    def retrace(self, flags: tuple[str, ...] = ()) -> ExplainReport:
+        """The breaks of the code as installed, traced with capture ``flags``."""
+        found = trial(self.target, self.grad, flags)
+        if found.report is None:  # only with flags: a tracing error is recorded, not raised
+            raise RuntimeError(found.error)
+        return found.report
+
+    # -- the ways back -----------------------------------------------------
+
+    def checkpoint(self) -> "Checkpoint":
+        return Checkpoint(self)
+
+    def applied_in(self, index: int) -> bool:
+        """Whether patch ``index`` holds an applied site (not only graph breaks before asserts)."""
+        return any(self.outcomes[k].status == "applied" for k in self.groups.get(index, []) if k in self.outcomes)
+
+    def take_back(self, doomed: set[int], reason: str) -> bool:
+        """Undo the patches at the indices ``doomed`` for good; each applied
+        site of those patches becomes ``reverted`` with ``reason``. Whether any went."""
+        if not doomed:
+            return False
+        kept: list[engine.Patch] = []
+        groups: dict[int, list[Key]] = {}
+        for index, patch in enumerate(self.mending.patches):
+            if index in doomed:
+                patch.uninstall()
+                for k in self.groups.get(index, []):
+                    if self.outcomes[k].status == "applied":
+                        self.outcomes[k].status = "reverted"
+                        self.outcomes[k].reason = reason
+            else:
+                groups[len(kept)] = self.groups.get(index, [])
+                kept.append(patch)
+        self.mending.patches[:] = kept
+        self.groups.clear()
+        self.groups.update(groups)
+        torch._dynamo.reset()
+        return True
+
+    def take_back_rules(self, rules: set[str], reason: str) -> bool:
+        """``take_back`` every patch holding a site one of ``rules`` applied."""
+        doomed = {
+            index for index, keys in self.groups.items()
+            if any(self.outcomes[k].status == "applied" and self.outcomes[k].rule in rules for k in keys if k in self.outcomes)
+        }
+        return self.take_back(doomed, reason)
+
+
+class Checkpoint:
+    """The installed patches, their sites and the outcomes, to go back to
+    exactly (the codes of every patched function, the runtime in their
+    globals, the mended sources)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        mending = session.mending
+        self.patches = list(mending.patches)
+        self.groups = {k: list(v) for k, v in mending.groups.items()}
+        self.outcomes = dict(session.outcomes)  # the objects themselves: which changed since
+        self.saved = {k: copy_outcome(o) for k, o in session.outcomes.items()}
+        self.codes = [(fn, fn.__code__) for p in mending.patches for fn in p.located.functions]
+        self.speculating = session.target.speculating
+
+    def restore(self, failed: BaseException | None = None) -> None:
+        """Back to the checkpoint. With ``failed`` (the installed code failed
+        under torch.compile), the outcomes since are kept and each site applied
+        since becomes ``reverted``, naming the error."""
+        session, mending = self.session, self.session.mending
+        for patch in mending.patches:
+            if not any(patch is p for p in self.patches):
+                patch.uninstall()
+        for fn, code in self.codes:
+            fn.__code__ = code
+        for patch in self.patches:
+            patch.located.namespace.setdefault(RUNTIME_NAME, runtime)
+            source.MENDED[id(patch.new_code)] = patch.node
+        mending.patches[:] = self.patches
+        mending.groups.clear()
+        mending.groups.update({k: list(v) for k, v in self.groups.items()})
+        session.target.speculating = self.speculating
+        if failed is None:
+            session.outcomes.clear()
+            session.outcomes.update({k: copy_outcome(o) for k, o in self.saved.items()})
+        else:
+            message = str(failed).strip().splitlines()[0] if str(failed).strip() else type(failed).__name__
+            for k, found in session.outcomes.items():
+                if self.outcomes.get(k) is not found and found.status == "applied":
+                    found.status = "reverted"
+                    found.reason = f"the rewritten code failed under torch.compile: {type(failed).__name__}: {message}"
+        torch._dynamo.reset()
+
+
+def trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
+    """Trace a private copy with ``flags`` on; a tracing error is recorded, not raised."""
+    subject = private_copy(target)
+    try:
+        trace = trace_breaks(
+            subject.model, subject.args, subject.kwargs, grad=grad, capture=flags,
+            speculating=target.speculating,
+        )
+    except Exception as exc:
+        if not flags:
+            raise
+        return Trial(flags, error=describe(exc))
+    report = report_from_trace(target.name, trace)
+    return Trial(flags, report.graphs, report.recompiles, trace.frames_skipped, report=report)
+
+
+def measure(report: ExplainReport) -> tuple[int, int, int]:
+    return report.graphs, report.recompiles, report.frames_skipped
+
+
+def worse(after: ExplainReport, before: ExplainReport) -> bool:
+    """More graphs, more recompiles or more frames Dynamo abandoned than ``before``."""
+    return any(a > b for a, b in zip(measure(after), measure(before)))
+
+
+def excess(after: ExplainReport, before: ExplainReport) -> int:
+    """How much worse ``after`` is than ``before``, summed over the three measures."""
+    return sum(max(0, a - b) for a, b in zip(measure(after), measure(before)))
+
+
+def shown(report: ExplainReport) -> str:
+    graphs, recompiles, skipped = measure(report)
+    return f"{graphs} graph(s), {recompiles} recompile(s), {skipped} frame(s) skipped"
+
+
+def dropped(capture: Capture, reason: str) -> Capture:
+    """No capture flags, the decision's lines and why they were dropped."""
+    if not capture.flags:
+        return capture
+    return Capture(notes=capture.notes + [f"{' + '.join(capture.flags)}: dropped, {reason}"])
