@@ -41,8 +41,6 @@ OVERSIZE = {
     "graphmend.rules.where": 908,
     "graphmend.rules.trap": 862,
     "graphmend.rules.scalar": 766,
-    "graphmend.models.zoo": 679,
-    "graphmend.tools.fix": 644,
 }
 
 
