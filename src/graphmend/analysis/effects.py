@@ -7,6 +7,9 @@ check`` share these facts."""
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
+from typing import Any
 
 from graphmend.analysis.source import dotted_name
 
@@ -72,3 +75,124 @@ def is_guard_if(node: ast.stmt) -> bool:
     if not isinstance(node, ast.If):
         return False
     return _raises_only(node.body) or (bool(node.orelse) and _raises_only(node.orelse))
+
+
+# --------------------------------------------------------------------------
+# what a call or a store reaches (the state scan of rules/_state.py)
+
+# Methods that change their receiver's state (containers, module registries).
+MUTATING_METHODS = frozenset(
+    {"register_buffer", "register_parameter", "update", "append", "extend", "insert", "pop", "clear",
+     "setdefault", "add_module", "popitem", "remove"}
+)
+
+
+def self_attr_callee(func: ast.AST) -> str | None:
+    """``self.x(...)`` or ``self.x[i](...)`` -> ``"x"``."""
+    node = func.value if isinstance(func, ast.Subscript) else func
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def root_of(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def self_attribute(node: ast.expr) -> str | None:
+    """``self.<attr>`` or a slice of it (whose items are among its items)."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def loop_attribute(loop: ast.For, name: str) -> str | None:
+    """The ``self`` attribute whose items the loop binds to ``name``:
+    ``for name in self.X``, ``for i, name in enumerate(self.X)``,
+    ``for a, name in zip(self.X, self.Y)``."""
+    target, source = loop.target, loop.iter
+    if isinstance(target, ast.Name):
+        return self_attribute(source) if target.id == name else None
+    if not isinstance(target, ast.Tuple) or not isinstance(source, ast.Call) or not isinstance(source.func, ast.Name):
+        return None
+    names = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
+    if source.func.id == "enumerate" and len(names) == 2 and names[1] == name and len(source.args) == 1:
+        return self_attribute(source.args[0])
+    if source.func.id == "zip" and len(names) == len(source.args) and name in names:
+        return self_attribute(source.args[names.index(name)])
+    return None
+
+
+def watched_effect(call: ast.Call, namespace: dict) -> bool:
+    """A print to stdout / stderr, a ``warnings.warn``, or a call on a logger
+    known now: while a region is open, the runtime performs the records made
+    before it first (a set trap raises there, before the effect), as the
+    original would have stopped at the check (runtime module doc)."""
+    import logging
+    import sys
+    import warnings
+
+    func = call.func
+    if isinstance(func, ast.Name) and func.id == "print":
+        if namespace.get("print", builtins.print) is not builtins.print:
+            return False
+        file = next((k.value for k in call.keywords if k.arg == "file"), None)
+        if any(k.arg is None for k in call.keywords):
+            return False
+        return file is None or (
+            isinstance(file, ast.Attribute) and file.attr in ("stdout", "stderr")
+            and isinstance(file.value, ast.Name) and namespace.get(file.value.id) is sys
+        )
+    if isinstance(func, ast.Name):
+        return namespace.get(func.id) in (warnings.warn, warnings.warn_explicit)
+    if not isinstance(func, ast.Attribute):
+        return False
+    if isinstance(func.value, ast.Name):
+        receiver = namespace.get(func.value.id)
+        if receiver is warnings and func.attr in ("warn", "warn_explicit"):
+            return True
+        if receiver is logging and func.attr == "getLogger":
+            return True  # not an effect
+        return isinstance(receiver, logging.Logger) and func.attr in LOG_METHODS
+    return False
+
+
+def _is_self_training(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute) and node.attr == "training"
+        and isinstance(node.value, ast.Name) and node.value.id == "self"
+    )
+
+
+def _never_in_eval(test: ast.AST) -> bool | None:
+    """True: ``test`` is false whenever ``self.training`` is; False: true then; None: unknown."""
+    if _is_self_training(test):
+        return True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _is_self_training(test.operand):
+        return False
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(_never_in_eval(v) is True for v in test.values):
+        return True
+    return None
+
+
+def without_training_branches(node: ast.AST) -> ast.AST:
+    """``node`` with the branches that only run in training mode removed (a
+    speculating call runs only with every module in eval mode: runtime.call)."""
+    if not any(isinstance(n, ast.If) and _never_in_eval(n.test) is not None for n in ast.walk(node)):
+        return node
+
+    class Prune(ast.NodeTransformer):
+        def visit_If(self, branch: ast.If) -> Any:
+            verdict = _never_in_eval(branch.test)
+            self.generic_visit(branch)
+            if verdict is True:
+                return branch.orelse or ast.Pass()
+            if verdict is False:
+                return branch.body
+            return branch
+
+    return Prune().visit(copy.deepcopy(node))

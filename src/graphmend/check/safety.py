@@ -25,12 +25,12 @@ from __future__ import annotations
 import ast
 import copy
 
+from graphmend.analysis.effects import MUTATING_METHODS, root_of
 from graphmend.analysis.facts import path_to
 from graphmend.analysis.source import bound_names
 from graphmend.check.scope import ModuleScope
 from graphmend.rewrite.engine import Located, SiteRewrite, rewrite
 from graphmend.rules import load_rules
-from graphmend.rules.trap import MUTATING_METHODS, root_of
 
 
 def judge(

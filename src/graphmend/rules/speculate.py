@@ -48,6 +48,7 @@ import ast
 
 from graphmend.analysis.source import definition_of
 from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules._state import StateScan
 
 
 @register
@@ -88,8 +89,6 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
 
     import torch
 
-    from graphmend.rules.trap import Trap
-
     model = ctx.model
     if not isinstance(model, torch.nn.Module):
         return "the target is not a module"
@@ -100,7 +99,7 @@ def reexecution_blocker(ctx: RewriteContext) -> str | None:
         return "the model's forward source was not found"
     # An effect that was not deferred is accepted as [Trap] accepts it: in a
     # speculating call the runtime stops the run before it (runtime.call).
-    return Trap.state_changes_in_call(fdef, code.co_filename, forward.__globals__, ctx)
+    return StateScan.in_call(fdef, code.co_filename, forward.__globals__, ctx)
 
 
 __all__ = ["Speculate", "reexecution_blocker"]

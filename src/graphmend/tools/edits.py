@@ -44,9 +44,9 @@ def _header(node: ast.stmt) -> str:
 
 
 def blocks(node: ast.AST) -> list[list[ast.stmt]]:
-    blocks = [getattr(node, name) for name in _BODY_FIELDS if hasattr(node, name)]
-    blocks += [h.body for h in getattr(node, "handlers", []) or []]
-    return blocks
+    found = [getattr(node, name) for name in _BODY_FIELDS if hasattr(node, name)]
+    found += [h.body for h in getattr(node, "handlers", []) or []]
+    return found
 
 
 def diff_body(

@@ -1,0 +1,271 @@
+"""[Where] with ``torch.cond``: a branch that calls modules or functions
+(proven pure, or guarded on what Dynamo checks) runs as ``torch.cond`` of
+two branch functions, where plain ``torch.where`` of values cannot serve.
+Part of the [Where] rule (where.py)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.rules import Decline, RewriteContext
+from graphmend.rules._ast import Substitute, assign_to, is_self_attr, load_name, store_name
+
+
+class CondForm:
+    """The ``torch.cond`` form of :class:`~graphmend.rules.where.Where`."""
+
+    def _cond(
+        self,
+        stmt: ast.If,
+        cond: str,
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr],
+    ) -> list[ast.stmt]:
+        """Run only the branch the test picks, inside the graph, with torch.cond.
+
+        Chosen when a branch calls modules or functions: computing both sides
+        would double their cost (or run effects). The callees must be pure:
+        standard stateless torch.nn layers in eval mode (checked while
+        tracing), or functions whose source is pure."""
+        targets: list[str] = []
+        for block in (stmt.body, stmt.orelse):
+            for node in block:
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                    raise Decline("a branch holds a statement other than an assignment to a name")
+                if node.targets[0].id not in targets:
+                    targets.append(node.targets[0].id)
+        read_after = self._read_outside(ctx.fdef, stmt)
+        outputs: list[str] = []
+        for name in targets:
+            in_true = any(n.targets[0].id == name for n in stmt.body)  # type: ignore[attr-defined]
+            in_false = any(n.targets[0].id == name for n in stmt.orelse)  # type: ignore[attr-defined]
+            if not (in_true and in_false) and name not in bound:
+                if name in read_after:
+                    raise Decline(f"`{name}` is assigned on one path only and read after the if")
+                continue
+            outputs.append(name)
+        if not outputs:
+            raise Decline("the branches only assign temporaries")
+        for block in (stmt.body, stmt.orelse):
+            known = set(bound)
+            for node in block:
+                for name in sorted(n.id for n in ast.walk(node.value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)):  # type: ignore[attr-defined]
+                    if name in facts.local_names and name not in known:
+                        raise Decline(f"`{name}` may be unbound in a branch")
+                for call in (n for n in ast.walk(node.value) if isinstance(n, ast.Call)):  # type: ignore[attr-defined]
+                    guard = self._pure_callee(call, facts, ctx)
+                    if guard is not None:
+                        guards.append(guard)
+                known.add(node.targets[0].id)  # type: ignore[attr-defined]
+        store = _attribute_store_before(stmt, ctx)
+        if store is not None:
+            raise Decline(
+                f"{store} may run before it in the compiled frame, and Dynamo then drops "
+                "attribute stores made after a torch.cond (torch 2.13)"
+            )
+        functions: list[ast.stmt] = []
+        names: list[str] = []
+        for side, block in (("true", stmt.body), ("false", stmt.orelse)):
+            fname = ctx.fresh(f"{side}_branch")
+            names.append(fname)
+            env: dict[str, str] = {}
+            inner: list[ast.stmt] = []
+            for node in block:
+                value = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]
+                temp = ctx.fresh("t" if side == "true" else "f")
+                inner.append(assign_to(store_name(temp), value))
+                env[node.targets[0].id] = temp  # type: ignore[attr-defined]
+            # torch.cond forbids returning an input as is: an unchanged value is cloned.
+            result = ast.Tuple(
+                elts=[
+                    load_name(env[o]) if o in env
+                    else ast.Call(func=ast.Attribute(value=load_name(o), attr="clone", ctx=ast.Load()), args=[], keywords=[])
+                    for o in outputs
+                ],
+                ctx=ast.Load(),
+            )
+            functions.append(
+                ast.FunctionDef(
+                    name=fname,
+                    args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+                    body=[*inner, ast.Return(value=result)],
+                    decorator_list=[],
+                    returns=None,
+                )
+            )
+        call = ast.Call(
+            func=ctx.torch("cond"),
+            args=[load_name(cond), load_name(names[0]), load_name(names[1]), ast.Tuple(elts=[], ctx=ast.Load())],
+            keywords=[],
+        )
+        target = ast.Tuple(elts=[store_name(o) for o in outputs], ctx=ast.Store())
+        ctx.notes.append(
+            f"torch.cond ({', '.join(outputs)}): the branches call modules or functions, so only the taken one runs"
+        )
+        held = self._held(stmt, outputs, facts, ctx)
+        bind = ast.Expr(value=ast.Call(func=ctx.runtime("bind"), args=held, keywords=[]))
+        return [*functions, *([bind] if held else []), assign_to(target, call)]
+
+    @staticmethod
+    def _held(stmt: ast.If, outputs: list[str], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.expr]:
+        """The objects the branches reach, to show Dynamo before ``torch.cond``
+        (``runtime.bind``): the names they read from outside (not torch, not
+        builtins; an output a branch leaves unchanged is read there too) and
+        the ``self.<attr>`` values they use, read with
+        ``getattr(self, attr, None)`` unless the attribute is a property."""
+        import inspect
+
+        import torch
+
+        names: list[str] = []
+        attrs: list[str] = []
+        for block in (stmt.body, stmt.orelse):
+            assigned: set[str] = set()
+            for node in block:
+                for sub in ast.walk(node.value):  # type: ignore[attr-defined]
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id not in assigned:
+                        local = sub.id in facts.local_names
+                        if (local or sub.id in ctx.globals) and not facts.resolves_to_torch(sub.id) and sub.id not in names:
+                            names.append(sub.id)
+                    if is_self_attr(sub) and sub.attr not in attrs:  # type: ignore[union-attr]
+                        attrs.append(sub.attr)  # type: ignore[union-attr]
+                assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
+            names += [o for o in outputs if o not in assigned and o not in names]  # cloned as is
+        held: list[ast.expr] = [load_name(name) for name in names]
+        modules = list(ctx.model.modules()) if isinstance(ctx.model, torch.nn.Module) else []
+        for attr in attrs:
+            if "self" not in names or any(isinstance(inspect.getattr_static(type(m), attr, None), property) for m in modules):
+                continue
+            held.append(
+                ast.Call(func=load_name("getattr"), args=[load_name("self"), ast.Constant(attr), ast.Constant(None)], keywords=[])
+            )
+        return held
+
+    _PURE_MODULES = (
+        "Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
+        "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
+        "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList",
+    )
+
+    def _pure_callee(self, call: ast.Call, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr | None:
+        """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
+        import torch
+
+        from graphmend.analysis.facts import (
+            PURE_TENSOR_METHODS,
+            PURE_TORCH_FUNCTIONS,
+            function_impurities,
+        )
+
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and facts.resolves_to_torch(func.value.id):
+            if func.attr in PURE_TORCH_FUNCTIONS:
+                return None
+            raise Decline(f"torch.{func.attr} is not on the list of pure torch functions")
+        if isinstance(func, ast.Attribute) and func.value is not None and not is_self_attr(func):
+            if func.attr in PURE_TENSOR_METHODS:
+                return None
+            raise Decline(f"`.{func.attr}(...)` is not a known pure method")
+        if is_self_attr(func):
+            modules = ctx.attribute_values(func.attr)  # type: ignore[union-attr]
+            if not modules:
+                raise Decline(f"`{ast.unparse(func)}` could not be resolved on the live model")
+            train_dependent = False
+            for module in modules:
+                if not isinstance(module, torch.nn.Module):
+                    raise Decline(f"`{ast.unparse(func)}` is not a module")
+                for sub in module.modules():
+                    if type(sub).__module__.startswith("torch.nn") and type(sub).__name__ in self._PURE_MODULES:
+                        train_dependent |= type(sub).__name__ == "Dropout"
+                        continue
+                    raise Decline(f"`{ast.unparse(func)}` contains {type(sub).__name__}, not a known stateless layer")
+            if not train_dependent:
+                return None
+            # Dropout draws random numbers in training mode: Dynamo checks `.training`.
+            return ast.UnaryOp(op=ast.Not(), operand=ast.Attribute(value=copy.deepcopy(func), attr="training", ctx=ast.Load()))
+        value = ctx.value_of(func)
+        if value is None:
+            raise Decline(f"`{ast.unparse(func)}` could not be resolved")
+        impure = function_impurities(value)
+        if impure:
+            raise Decline(impure[0])
+        return None
+
+
+def _attribute_stores(node: ast.AST) -> list[ast.AST]:
+    """``x.a = ...``, ``x.a += ...``, ``del x.a`` and ``setattr(...)`` / ``delattr(...)`` calls in ``node``."""
+    found: list[ast.AST] = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            found.append(sub)
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("setattr", "delattr"):
+            found.append(sub)
+    return found
+
+
+def _class_stores(cls: type, skip: tuple[str, int]) -> str | None:
+    """The first attribute store, as text, in the methods ``forward`` of ``cls``
+    runs: ``forward`` and the methods it calls as ``self.name(...)``, through
+    the class's own (not torch's) bases, except the function at ``skip`` (file, line)."""
+    import inspect
+    import os
+    import textwrap
+
+    methods: dict[str, tuple[ast.AST, str, int]] = {}
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch.") or klass is object:
+            continue
+        try:
+            lines, start = inspect.getsourcelines(klass)
+            path = os.path.abspath(inspect.getsourcefile(klass) or "")
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError):
+            return f"a method of {klass.__name__} (no source to check)"
+        for node in tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in methods:
+                methods[node.name] = (node, path, node.lineno + start - 1)
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        node, path, line = methods[name]
+        if (path, line) != skip:
+            stores = _attribute_stores(node)
+            if stores:
+                return f"`{ast.unparse(stores[0])}` in {cls.__name__}.{name}"
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
+                todo.append(call.func.attr)
+    return None
+
+
+def _attribute_store_before(stmt: ast.If, ctx: RewriteContext) -> str | None:
+    """An attribute store that may run before ``stmt`` in the same compiled frame:
+    earlier in the function (anywhere in it when ``stmt`` sits in a loop), or in
+    what ``forward`` runs of one of the live model's own module classes."""
+    import os
+
+    import torch
+
+    in_loop = any(
+        isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and any(sub is stmt for sub in ast.walk(node))
+        for node in ast.walk(ctx.fdef)
+    )
+    for store in _attribute_stores(ctx.fdef):
+        if in_loop or store.lineno < stmt.lineno:  # type: ignore[attr-defined]
+            return f"`{ast.unparse(store)}`"
+    if isinstance(ctx.model, torch.nn.Module):
+        skip = (os.path.abspath(ctx.filename), ctx.fdef.lineno)
+        for cls in dict.fromkeys(type(m) for m in ctx.model.modules()):
+            if cls.__module__.startswith("torch."):
+                continue
+            found = _class_stores(cls, skip)
+            if found is not None:
+                return found
+    return None
