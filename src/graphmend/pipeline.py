@@ -49,7 +49,14 @@ from graphmend.passes import (
 from graphmend.passes.capturing import CAPTURE_RULE
 from graphmend.passes.rounds import rounds
 from graphmend.passes.speculation import may_run_twice
-from graphmend.rewrite.session import Mending, Session, SiteOutcome, copy_outcome, key
+from graphmend.rewrite.session import (
+    Mending,
+    Session,
+    SiteOutcome,
+    Status,
+    copy_outcome,
+    key,
+)
 from graphmend.rules import default_rules
 
 DEFAULT_RULES = default_rules()
@@ -106,7 +113,7 @@ def note_still_breaking(session: Session) -> None:
     remaining = {key(s): s for s in session.current.sites}
     for found in session.outcomes.values():
         found.notes = [n for n in found.notes if not n.startswith(_STILL)]
-        if found.status == "applied" and (found.file, found.line) in remaining:
+        if found.status == Status.APPLIED and (found.file, found.line) in remaining:
             found.notes.append(_STILL + remaining[(found.file, found.line)].reason)
 
 
@@ -197,7 +204,7 @@ class MendReport:
     @property
     def speculates(self) -> bool:
         """Whether a [Speculate] site is applied: calls go through ``call``."""
-        return any(o.rule == "speculate" and o.status == "applied" for o in self.outcomes)
+        return any(o.rule == "speculate" and o.status == Status.APPLIED for o in self.outcomes)
 
     def call(self, fn: Any, model: Any, args: tuple, kwargs: dict) -> Any:
         """One call of compiled ``fn`` (of ``model``) as ``graphmend.compile``
@@ -212,11 +219,11 @@ class MendReport:
 
     @property
     def applied(self) -> list[SiteOutcome]:
-        return [o for o in self.outcomes if o.status == "applied"]
+        return [o for o in self.outcomes if o.status == Status.APPLIED]
 
     @property
     def declined(self) -> list[SiteOutcome]:
-        return [o for o in self.outcomes if o.status != "applied"]
+        return [o for o in self.outcomes if o.status != Status.APPLIED]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,4 +247,4 @@ class MendReport:
         }
 
 
-__all__ = ["CAPTURE_RULE", "DEFAULT_RULES", "Mending", "MendReport", "SiteOutcome", "mend_target", "report_in_mode"]
+__all__ = ["CAPTURE_RULE", "DEFAULT_RULES", "Mending", "MendReport", "SiteOutcome", "Status", "mend_target", "report_in_mode"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from graphmend.discover.capture import Capture, Trial, decide, removed_sites
 from graphmend.discover.explain import ExplainReport
 from graphmend.passes.rounds import rounds
-from graphmend.rewrite.session import Session, key, outcome, worse
+from graphmend.rewrite.session import Session, Status, key, outcome, worse
 from graphmend.rules import rule_with_pass
 
 CAPTURE_RULE = rule_with_pass("capture")  # the rule whose mechanism includes measured capture
@@ -53,7 +53,7 @@ def with_capture(session: Session, plain: ExplainReport) -> tuple[ExplainReport,
     later error would replace the check's exception."""
     if CAPTURE_RULE not in session.rules:
         return plain, Capture()
-    trapped = [o for o in session.outcomes.values() if o.status == "applied" and o.rule == "trap"]
+    trapped = [o for o in session.outcomes.values() if o.status == Status.APPLIED and o.rule == "trap"]
     if trapped and any(s.category in ("TI", "DO") for s in plain.sites):
         return plain, Capture(notes=[
             f"not measured: {len(trapped)} trapped check(s) applied; a captured scalar conversion that raises "
@@ -72,7 +72,7 @@ def credit(session: Session) -> None:
     reason = "removed by " + " + ".join(session.capture.flags) + " (measured; applied by graphmend.compile)"
     for k in sorted(removed_sites(session.plain, session.current)):
         old = session.outcomes.get(k)
-        if old is not None and old.status == "applied":
+        if old is not None and old.status == Status.APPLIED:
             continue
-        notes = [f"no source rewrite: {old.reason}"] if old is not None and old.status == "declined" else []
-        session.outcomes[k] = outcome(by_key[k], "applied", reason, CAPTURE_RULE, notes)
+        notes = [f"no source rewrite: {old.reason}"] if old is not None and old.status == Status.DECLINED else []
+        session.outcomes[k] = outcome(by_key[k], Status.APPLIED, reason, CAPTURE_RULE, notes)

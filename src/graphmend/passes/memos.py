@@ -12,7 +12,7 @@ import torch
 
 from graphmend import runtime
 from graphmend.models.targets import private_copy
-from graphmend.rewrite.session import Session
+from graphmend.rewrite.session import Session, Status
 from graphmend.rewrite.verify import quiet
 
 
@@ -36,5 +36,5 @@ def prefill(session: Session) -> None:
                 filled.append(f"{path}.{name}" if path else name)
     if filled:
         for found in session.outcomes.values():
-            if found.status == "applied" and any("memoised" in n for n in found.notes):
+            if found.status == Status.APPLIED and any("memoised" in n for n in found.notes):
                 found.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")

@@ -20,6 +20,7 @@ from graphmend.rewrite import engine
 from graphmend.rewrite.session import (
     Mending,
     Session,
+    Status,
     dropped,
     excess,
     measure,
@@ -105,7 +106,7 @@ def with_dependants(mending: Mending, outcomes: dict, index: int) -> set[int]:
     nothing records, the patches that only keep such breaks."""
 
     def applied_in(i: int) -> bool:
-        return any(outcomes[k].status == "applied" for k in mending.groups.get(i, []) if k in outcomes)
+        return any(outcomes[k].status == Status.APPLIED for k in mending.groups.get(i, []) if k in outcomes)
 
     recording = {i for i, p in enumerate(mending.patches) if p.node is not None and barriers.records(p.node)}
     node = mending.patches[index].node
@@ -125,6 +126,6 @@ def _take_back(session: Session, doomed: set[int], reason: str, kept: list[str] 
     session.take_back(doomed, reason)
     target = session.target
     target.speculating = target.speculating and any(
-        o.rule == "speculate" and o.status == "applied" for o in session.outcomes.values()
+        o.rule == "speculate" and o.status == Status.APPLIED for o in session.outcomes.values()
     )
 

@@ -27,7 +27,7 @@ from graphmend.discover.sites import BreakSite
 from graphmend.discover.trace import is_model_code
 from graphmend.passes import barriers
 from graphmend.rewrite import engine
-from graphmend.rewrite.session import Key, Session, SiteOutcome, key, outcome
+from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key, outcome
 from graphmend.rules import Decline, Rule, load_rules
 
 
@@ -73,15 +73,15 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
             reason = (
                 site.verdict if site.rule is None else f"rule {site.rule!r} is not enabled or not built yet"
             )
-            outcomes[key(site)] = outcome(site, "out of scope" if site.rule is None else "declined", reason, site.rule)
+            outcomes[key(site)] = outcome(site, Status.OUT_OF_SCOPE if site.rule is None else Status.DECLINED, reason, site.rule)
             continue
         try:
             located = engine.locate(site.file, site.line, mending.by_code())
         except Decline as exc:
-            outcomes[key(site)] = outcome(site, "declined", exc.reason, rule_of(site))
+            outcomes[key(site)] = outcome(site, Status.DECLINED, exc.reason, rule_of(site))
             continue
         except Exception as exc:  # never fail the user's model for an internal error
-            outcomes[key(site)] = outcome(site, "declined", f"internal error locating the function: {exc}", rule_of(site))
+            outcomes[key(site)] = outcome(site, Status.DECLINED, f"internal error locating the function: {exc}", rule_of(site))
             continue
         entry = by_function.setdefault(id(located.code), (located, []))
         chains = complete_all(site.paths or [site.frames], session.observed, entries)
@@ -100,7 +100,7 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
         ok = [(s, r) for s, r in pairs if r.ok]
         for site, rw in pairs:
             if not rw.ok:
-                outcomes[key(site)] = outcome(site, "declined", rw.reason, rule_of(site))
+                outcomes[key(site)] = outcome(site, Status.DECLINED, rw.reason, rule_of(site))
         if not ok:
             continue
         try:
@@ -108,12 +108,12 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
             patch = engine.install(located, code, node)
         except Decline as exc:
             for site, _ in ok:
-                outcomes[key(site)] = outcome(site, "declined", exc.reason, rule_of(site))
+                outcomes[key(site)] = outcome(site, Status.DECLINED, exc.reason, rule_of(site))
             continue
         except Exception as exc:
             for site, _ in ok:
                 outcomes[key(site)] = outcome(
-                    site, "declined", f"internal error building the rewrite: {type(exc).__name__}: {exc}",
+                    site, Status.DECLINED, f"internal error building the rewrite: {type(exc).__name__}: {exc}",
                     rule_of(site),
                 )
             continue
@@ -124,7 +124,7 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
             if unaliased:
                 rw.notes.append(f"gave buffer(s) {', '.join(unaliased)} their own storage (values unchanged)")
             outcomes[key(site)] = outcome(
-                site, "applied", "; ".join(rw.notes) or f"rewritten by [{rule_of(site)}]", rule_of(site),
+                site, Status.APPLIED, "; ".join(rw.notes) or f"rewritten by [{rule_of(site)}]", rule_of(site),
                 rw.notes,
             )
             applied += 1

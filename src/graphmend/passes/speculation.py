@@ -16,7 +16,7 @@ import torch
 from graphmend import runtime
 from graphmend.models.targets import Target, private_copy
 from graphmend.passes.rounds import apply_round
-from graphmend.rewrite.session import Key, Session, SiteOutcome, key
+from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key
 from graphmend.rewrite.verify import quiet
 
 RULE = "speculate"
@@ -26,7 +26,7 @@ def speculate(session: Session) -> None:
     if RULE not in session.rules:
         return
     current, outcomes, target = session.current, session.outcomes, session.target
-    left = [s for s in current.sites if s.category == "TI" and (key(s) not in outcomes or outcomes[key(s)].status != "applied")]
+    left = [s for s in current.sites if s.category == "TI" and (key(s) not in outcomes or outcomes[key(s)].status != Status.APPLIED)]
     if not left:
         return
     flags = session.capture.flags
@@ -38,7 +38,7 @@ def speculate(session: Session) -> None:
     finally:
         session.outcomes = saved
     for k, found in trial.items():
-        if found.status == "applied" or k not in outcomes:
+        if found.status == Status.APPLIED or k not in outcomes:
             outcomes[k] = found
         else:
             outcomes[k].notes.append(f"[speculate] {found.reason}")
@@ -54,7 +54,7 @@ def speculate(session: Session) -> None:
         session.current = session.retrace(flags)
         return
     remaining = {key(s) for s in after.sites}
-    guessed = [k for k, o in trial.items() if o.status == "applied"]
+    guessed = [k for k, o in trial.items() if o.status == Status.APPLIED]
     if all(k in remaining for k in guessed):  # no guess removed its break (a float value): undo
         target.speculating = False
         checkpoint.restore(failed=RuntimeError("no break removed"))

@@ -12,7 +12,7 @@ import torch
 
 from graphmend.passes.capturing import with_capture
 from graphmend.rewrite import engine
-from graphmend.rewrite.session import Session, SiteOutcome
+from graphmend.rewrite.session import Session, SiteOutcome, Status
 
 
 def verify(session: Session) -> None:
@@ -49,7 +49,7 @@ def bisect(session: Session):
                 old = outcomes[k]
                 outcomes[k] = SiteOutcome(
                     file=old.file, line=old.line, function=old.function, code=old.code,
-                    category=old.category, rule=old.rule, status="reverted",
+                    category=old.category, rule=old.rule, status=Status.REVERTED,
                     reason="verification found a difference: " + "; ".join(diff[:3]), notes=old.notes,
                 )
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,19 @@ from graphmend.rewrite.verify import Observation, compare, observe
 Key = tuple  # (file, line) of a site
 
 
+class Status(str, enum.Enum):
+    """How a site ended: what code and tests match on (``reason`` is for people).
+    A str, so it prints, compares and serialises as its value."""
+
+    APPLIED = "applied"
+    DECLINED = "declined"  # the rule's reason says why
+    REVERTED = "reverted"  # verification found a difference, or the program got worse with it
+    OUT_OF_SCOPE = "out of scope"  # no rule addresses its category
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 @dataclass
 class SiteOutcome:
     file: str
@@ -46,9 +60,12 @@ class SiteOutcome:
     code: str
     category: str
     rule: str | None
-    status: str  # applied | declined | reverted (a difference, or the program got worse) | out of scope
+    status: Status
     reason: str
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
 
     @property
     def path(self) -> str:
@@ -63,7 +80,7 @@ class SiteOutcome:
             "code": self.code,
             "category": self.category,
             "rule": self.rule,
-            "status": self.status,
+            "status": self.status.value,
             "reason": self.reason,
             "notes": list(self.notes),
         }
@@ -73,7 +90,7 @@ def key(site: BreakSite) -> Key:
     return (site.file, site.line)
 
 
-def outcome(site: BreakSite, status: str, reason: str, rule: str | None, notes: Any = ()) -> SiteOutcome:
+def outcome(site: BreakSite, status: Status, reason: str, rule: str | None, notes: Any = ()) -> SiteOutcome:
     return SiteOutcome(
         file=site.file,
         line=site.line,
@@ -200,7 +217,7 @@ class Session:
 
     def applied_in(self, index: int) -> bool:
         """Whether patch ``index`` holds an applied site (not only graph breaks before asserts)."""
-        return any(self.outcomes[k].status == "applied" for k in self.groups.get(index, []) if k in self.outcomes)
+        return any(self.outcomes[k].status == Status.APPLIED for k in self.groups.get(index, []) if k in self.outcomes)
 
     def take_back(self, doomed: set[int], reason: str) -> bool:
         """Undo the patches at the indices ``doomed`` for good; each applied
@@ -213,8 +230,8 @@ class Session:
             if index in doomed:
                 patch.uninstall()
                 for k in self.groups.get(index, []):
-                    if self.outcomes[k].status == "applied":
-                        self.outcomes[k].status = "reverted"
+                    if self.outcomes[k].status == Status.APPLIED:
+                        self.outcomes[k].status = Status.REVERTED
                         self.outcomes[k].reason = reason
             else:
                 groups[len(kept)] = self.groups.get(index, [])
@@ -229,7 +246,7 @@ class Session:
         """``take_back`` every patch holding a site one of ``rules`` applied."""
         doomed = {
             index for index, keys in self.groups.items()
-            if any(self.outcomes[k].status == "applied" and self.outcomes[k].rule in rules for k in keys if k in self.outcomes)
+            if any(self.outcomes[k].status == Status.APPLIED and self.outcomes[k].rule in rules for k in keys if k in self.outcomes)
         }
         return self.take_back(doomed, reason)
 
@@ -272,8 +289,8 @@ class Checkpoint:
         else:
             message = str(failed).strip().splitlines()[0] if str(failed).strip() else type(failed).__name__
             for k, found in session.outcomes.items():
-                if self.outcomes.get(k) is not found and found.status == "applied":
-                    found.status = "reverted"
+                if self.outcomes.get(k) is not found and found.status == Status.APPLIED:
+                    found.status = Status.REVERTED
                     found.reason = f"the rewritten code failed under torch.compile: {type(failed).__name__}: {message}"
         torch._dynamo.reset()
 

@@ -10,7 +10,13 @@ import copy
 
 from graphmend.analysis.facts import FunctionFacts
 from graphmend.rules import Decline, RewriteContext
-from graphmend.rules._ast import Substitute, assign_to, is_self_attr, load_name, store_name
+from graphmend.rules._ast import (
+    Substitute,
+    assign_to,
+    is_self_attr,
+    load_name,
+    store_name,
+)
 
 
 class CondForm:
