@@ -3,18 +3,18 @@ never worse. ``mend_target`` runs the passes below over one ``Session``
 (rewrite/session.py); each pass reads the session, changes it, and can be
 run alone on one.
 
-    observe_baseline     the original's behaviour (eager), or EagerFailure
-    discover             the original's breaks, with categories and rules
-    rounds               sites a rule claims: rewritten, installed, traced again (passes/rounds.py)
-    capture              capture flags kept only where measured to help (passes/capturing.py)
-    rounds_with_capture  with a flag kept, more rounds traced with it
-    speculate            [Speculate] on the .item() sites still breaking (passes/speculation.py)
-    guard_held_asserts   records kept safe from asserts that fail in the graph (passes/held.py)
-    verify               the mended model against the original, bisected on a difference
-    never_worse          taken back until no more graphs, recompiles or abandoned frames
-    prefill_memos        hoisted memo attributes set now (passes/memos.py)
-    credit_capture       sites capture removed, credited to its rule
-    note_still_breaking  applied sites that still break say so
+    observe_baseline               the original's behaviour (eager), or EagerFailure
+    discover                       the original's breaks, with categories and rules
+    rewrite_rounds                 sites a rule claims: rewritten, installed, traced again (passes/rounds.py)
+    capturing.capture              capture flags kept only where measured to help (passes/capturing.py)
+    capturing.rounds_with_capture  with a flag kept, more rounds traced with it
+    speculation.speculate          [Speculate] on the .item() sites still breaking (passes/speculation.py)
+    held.guard_held_asserts        records kept safe from asserts that fail in the graph (passes/held.py)
+    verification.verify            the mended model against the original, bisected on a difference
+    never_worse.never_worse        taken back until no more graphs, recompiles or abandoned frames
+    memos.prefill                  hoisted memo attributes set now (passes/memos.py)
+    capturing.credit               sites capture removed, credited to its rule
+    note_still_breaking            applied sites that still break say so
 
 Every site ends with one outcome: ``applied``, ``declined`` (with the
 rule's reason), ``reverted`` (verification found a difference, or the

@@ -726,7 +726,7 @@ def reason_class(reason: str) -> str:
     return reason.split(": verification found")[0][:110]
 
 
-_HELD_REASON = "an assert that may be on tensor values stays in the graph"  # mend._guard_held_asserts
+_HELD_REASON = "an assert that may be on tensor values stays in the graph"  # passes/held.py
 
 
 @dataclass
