@@ -87,22 +87,15 @@ MUTATING_METHODS = frozenset(
 )
 
 
-def self_attr_callee(func: ast.AST) -> str | None:
-    """``self.x(...)`` or ``self.x[i](...)`` -> ``"x"``."""
-    node = func.value if isinstance(func, ast.Subscript) else func
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return node.attr
-    return None
-
-
 def root_of(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
 
 
-def self_attribute(node: ast.expr) -> str | None:
-    """``self.<attr>`` or a slice of it (whose items are among its items)."""
+def self_attribute(node: ast.AST) -> str | None:
+    """``self.<attr>`` or a slice of it (whose items are among its items);
+    of a callee, ``self.x(...)`` or ``self.x[i](...)`` -> ``"x"``."""
     if isinstance(node, ast.Subscript):
         node = node.value
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from graphmend import runtime
-from graphmend.models.targets import private_copy
-from graphmend.rewrite.session import Session, Status
-from graphmend.rewrite.verify import quiet
+from graphmend.rewrite.session import Session, Status, run_copy
 
 
 def prefill(session: Session) -> None:
     target, names = session.target, session.mending.memo_attrs
     if not (names and session.mending.patches) or not isinstance(target.model, torch.nn.Module):
         return
-    subject = private_copy(target)
-    try:
-        with quiet(), runtime.region(), (torch.enable_grad() if session.grad else torch.no_grad()):
-            subject.model(*subject.args, **subject.kwargs)
-    except Exception:
+    subject = run_copy(target, session.grad)
+    if subject is None:
         return
     filled = []
     copies = dict(subject.model.named_modules())

@@ -104,15 +104,11 @@ def with_dependants(mending: Mending, outcomes: dict, index: int) -> set[int]:
     keeps graph breaks before asserts and others record, the rewrites that
     record (its asserts would fail inside their graph, unguarded); once
     nothing records, the patches that only keep such breaks."""
-
-    def applied_in(i: int) -> bool:
-        return any(outcomes[k].status == Status.APPLIED for k in mending.groups.get(i, []) if k in outcomes)
-
     recording = {i for i, p in enumerate(mending.patches) if p.node is not None and barriers.records(p.node)}
     node = mending.patches[index].node
     doomed = {index} | (recording if node is not None and barriers.guards(node) else set())
     if not recording - doomed:
-        doomed |= {i for i in range(len(mending.patches)) if not applied_in(i)}
+        doomed |= {i for i in range(len(mending.patches)) if not mending.applied_in(i, outcomes)}
     return doomed
 
 

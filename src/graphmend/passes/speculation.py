@@ -13,11 +13,9 @@ from typing import Any
 
 import torch
 
-from graphmend import runtime
-from graphmend.models.targets import Target, private_copy
+from graphmend.models.targets import Target
 from graphmend.passes.rounds import apply_round
-from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key
-from graphmend.rewrite.verify import quiet
+from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key, run_copy
 
 RULE = "speculate"
 
@@ -72,12 +70,7 @@ def speculate(session: Session) -> None:
 def _learn(target: Target, grad: bool) -> None:
     """One eager call of a private copy in a region: each [Speculate] site
     learns the value it has on the example (the first guess)."""
-    subject = private_copy(target)
-    try:
-        with quiet(), runtime.region(), (torch.enable_grad() if grad else torch.no_grad()):
-            subject.model(*subject.args, **subject.kwargs)
-    except Exception:
-        return
+    run_copy(target, grad)
 
 
 def may_run_twice(model: Any) -> bool:

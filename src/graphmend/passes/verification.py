@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from graphmend import runtime
+from graphmend.analysis.source import RUNTIME_NAME
 from graphmend.passes.capturing import with_capture
-from graphmend.rewrite import engine
 from graphmend.rewrite.session import Session, SiteOutcome, Status
 
 
@@ -39,7 +40,7 @@ def bisect(session: Session):
     for index, patch in enumerate(patches):
         for fn in patch.located.functions:
             fn.__code__ = patch.new_code
-        patch.located.namespace.setdefault(engine.RUNTIME_NAME, engine.runtime)
+        patch.located.namespace.setdefault(RUNTIME_NAME, runtime)
         torch._dynamo.reset()
         diff = session.differences_from(session.baseline)
         if diff:

@@ -34,7 +34,7 @@ from graphmend.discover.trace import trace_breaks
 from graphmend.errors import describe
 from graphmend.models.targets import Target, private_copy
 from graphmend.rewrite import engine
-from graphmend.rewrite.verify import Observation, compare, observe
+from graphmend.rewrite.verify import Observation, compare, observe, quiet
 
 Key = tuple  # (file, line) of a site
 
@@ -133,6 +133,10 @@ class Mending:
                 fn.__code__ = code
             torch._dynamo.reset()
 
+    def applied_in(self, index: int, outcomes: dict[Key, "SiteOutcome"]) -> bool:
+        """Whether patch ``index`` holds an applied site (not only graph breaks before asserts)."""
+        return any(outcomes[k].status == Status.APPLIED for k in self.groups.get(index, []) if k in outcomes)
+
     def by_code(self) -> dict[int, engine.Patch]:
         return {id(p.new_code): p for p in self.patches}
 
@@ -216,8 +220,7 @@ class Session:
         return Checkpoint(self)
 
     def applied_in(self, index: int) -> bool:
-        """Whether patch ``index`` holds an applied site (not only graph breaks before asserts)."""
-        return any(self.outcomes[k].status == Status.APPLIED for k in self.groups.get(index, []) if k in self.outcomes)
+        return self.mending.applied_in(index, self.outcomes)
 
     def take_back(self, doomed: set[int], reason: str) -> bool:
         """Undo the patches at the indices ``doomed`` for good; each applied
@@ -293,6 +296,18 @@ class Checkpoint:
                     found.status = Status.REVERTED
                     found.reason = f"the rewritten code failed under torch.compile: {type(failed).__name__}: {message}"
         torch._dynamo.reset()
+
+
+def run_copy(target: Target, grad: bool) -> Target | None:
+    """One eager call of a private copy of ``target`` in a region, its output
+    captured: the copy as the call left it, or None when the call raised."""
+    subject = private_copy(target)
+    try:
+        with quiet(), runtime.region(), (torch.enable_grad() if grad else torch.no_grad()):
+            subject.model(*subject.args, **subject.kwargs)
+    except Exception:
+        return None
+    return subject
 
 
 def trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:

@@ -189,11 +189,18 @@ def register(cls: type[Rule]) -> type[Rule]:
     return cls
 
 
+_LOADED = False
+
+
 def load_rules() -> dict[str, Rule]:
-    """Import every rule module in this package (once) and return the registry."""
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    """Import every rule module in this package (once) and return the registry.
+    Every site's verdict and every report row asks it: the package is read once."""
+    global _LOADED
+    if not _LOADED:
+        for info in pkgutil.iter_modules(__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{info.name}")
+        _LOADED = True
     return RULES
 
 

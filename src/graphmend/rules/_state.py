@@ -23,7 +23,6 @@ from graphmend.analysis.effects import (
     is_side_effect_call,
     loop_attribute,
     root_of,
-    self_attr_callee,
     self_attribute,
     watched_effect,
     without_training_branches,
@@ -163,7 +162,7 @@ class StateScan:
                     if (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS:
                         if root_of(func.value) not in local:
                             return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
-                self_attr = self_attr_callee(func)
+                self_attr = self_attribute(func)
                 if self_attr is not None:
                     reason = self._module_effects(self_attr, ast.unparse(func), ctx, depth, (sub, local))
                     if reason:
