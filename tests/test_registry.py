@@ -4,13 +4,18 @@ the pipeline read them from there."""
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
+import graphmend
 from graphmend.check.find import CODES
+from graphmend.check.safety import PROOFS
 from graphmend.discover.sites import CATEGORIES, verdict_for
 from graphmend.passes.barriers import RECORDS
 from graphmend.pipeline import CAPTURE_RULE, DEFAULT_RULES
-from graphmend.rules import default_rules, load_rules
+from graphmend.passes.speculation import RULE as SPECULATE
+from graphmend.rules import default_rules, load_rules, rule_with_pass, rules_that
 
 RULES = load_rules()
 SECTIONS = ["What it rewrites", "Why the original breaks", "Example", "When it declines"]
@@ -45,3 +50,29 @@ def test_check_codes_records_and_passes_are_the_rules():
     assert set(CODES) - set(owned) == {"GM000"}
     assert RECORDS == ("print_", "log", "warn", "trap")
     assert CAPTURE_RULE == "scalar"
+
+
+def test_what_the_passes_ask_of_a_rule_they_read_as_its_facts():
+    assert rules_that("records") == ("defer", "trap")  # held asserts take these back together
+    assert rules_that("defers_output") == ("defer",)  # rounds guard its output from failing asserts
+    assert rules_that("defers_raise") == ("trap",)  # no capture measured with it; off through a DDP buffer hook
+    assert rule_with_pass("speculation") == SPECULATE == "speculate"
+    assert {name: rule.proof for name, rule in RULES.items() if rule.proof} == {
+        "defer": "unchanged after", "trap": "no imported call after"
+    }
+    assert set(PROOFS) == {rule.proof for rule in RULES.values() if rule.proof}
+
+
+def test_no_code_outside_the_rules_names_a_rule():
+    """Passes, tools and reports ask the registry for a rule by its facts: a
+    string constant equal to a rule's name appears only in the rules (and the
+    runtime, whose call names they share)."""
+    package = Path(graphmend.__file__).parent
+    named = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] in ("rules", "runtime"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in RULES:
+                named.append(f"{path.relative_to(package)} {node.value!r}")
+    assert named == ["check/tensors.py 'where'"]  # torch.where, among torch's tensor-making functions

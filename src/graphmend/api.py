@@ -37,6 +37,7 @@ from graphmend.pipeline import (
 )
 from graphmend.rewrite.fallback import FallbackBackend, compile_kwargs
 from graphmend.rewrite.verify import quiet
+from graphmend.rules import rules_that
 
 _ACTIVE: dict[int, tuple[Any, Mending]] = {}
 _LOCK = threading.Lock()
@@ -152,24 +153,27 @@ def _mend_subject(model: Any) -> Any:
 def _wrapper_rules(model: Any, rules: tuple[str, ...]) -> tuple[str, ...]:
     """The rules that stay legal through ``model``'s wrapper.
 
-    A trapped check raises at the end of the call, where the original raised
-    inside the wrapped module: what the wrapper does after the module returns
-    then runs too. ``DataParallel`` on one device does nothing more.
-    ``DistributedDataParallel`` prepares the next backward, bookkeeping the
-    next forward starts over (tests/test_ddp.py: gradients bit-identical after
-    a failed call, with and without ``find_unused_parameters``); but with a
-    buffer hook placed after the forward it broadcasts buffers there: no
-    [Trap] then (said in a warning)."""
+    A rule that defers a raise ([Trap]: a check raises at the end of the
+    call, where the original raised inside the wrapped module) lets what the
+    wrapper does after the module returns run too. ``DataParallel`` on one
+    device does nothing more. ``DistributedDataParallel`` prepares the next
+    backward, bookkeeping the next forward starts over (tests/test_ddp.py:
+    gradients bit-identical after a failed call, with and without
+    ``find_unused_parameters``); but with a buffer hook placed after the
+    forward it broadcasts buffers there: no such rule then (said in a
+    warning)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if "trap" in rules and isinstance(model, DistributedDataParallel) and model._check_sync_bufs_post_fwd():
+    late = [r for r in rules if r in rules_that("defers_raise")]
+    if late and isinstance(model, DistributedDataParallel) and model._check_sync_bufs_post_fwd():
+        names = ", ".join(f"[{r.capitalize()}]" for r in late)
         warnings.warn(
-            "graphmend: [Trap] is off for this DistributedDataParallel: its buffer hook broadcasts buffers "
-            "after the forward, which a trapped check, raised at the end of the call, would no longer stop",
+            f"graphmend: {names} is off for this DistributedDataParallel: its buffer hook broadcasts buffers "
+            "after the forward, which a check raised at the end of the call would no longer stop",
             RuntimeWarning,
             stacklevel=5,
         )
-        return tuple(r for r in rules if r != "trap")
+        return tuple(r for r in rules if r not in late)
     return rules
 
 

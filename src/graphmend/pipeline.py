@@ -48,6 +48,7 @@ from graphmend.passes import (
 )
 from graphmend.passes.capturing import CAPTURE_RULE
 from graphmend.passes.rounds import rounds
+from graphmend.passes.speculation import RULE as SPECULATE
 from graphmend.passes.speculation import may_run_twice
 from graphmend.rewrite.session import (
     Mending,
@@ -204,7 +205,7 @@ class MendReport:
     @property
     def speculates(self) -> bool:
         """Whether a [Speculate] site is applied: calls go through ``call``."""
-        return any(o.rule == "speculate" and o.status == Status.APPLIED for o in self.outcomes)
+        return any(o.rule == SPECULATE and o.status == Status.APPLIED for o in self.outcomes)
 
     def call(self, fn: Any, model: Any, args: tuple, kwargs: dict) -> Any:
         """One call of compiled ``fn`` (of ``model``) as ``graphmend.compile``

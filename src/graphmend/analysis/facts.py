@@ -4,11 +4,8 @@
   function, a tensor method of a proven tensor, arithmetic or a comparison with
   a proven tensor, a parameter annotated ``torch.Tensor``, or a local assigned
   once from such an expression, traced up to 10 assignments deep).
-* ``speculation_blockers``: why evaluating the expression on a path where the
-  original would not have evaluated it could raise or have a side effect
-  (empty when it is safe): only names bound before the statement, attribute
-  reads, constants, arithmetic, comparisons, slices, and calls from a list of
-  pure torch functions and tensor methods.
+* ``is_safe_index``: an index that never raises on a tensor with enough
+  dimensions.
 * ``bound_before``: names definitely bound before a statement of a function.
 
 These are deliberately conservative: an unproven fact makes a rule decline.
@@ -17,7 +14,6 @@ These are deliberately conservative: an unproven fact makes a rule decline.
 from __future__ import annotations
 
 import ast
-import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,15 +141,15 @@ def is_tensor_expr(node: ast.AST, facts: FunctionFacts, depth: int = 0) -> bool:
         values = facts.assignments.get(node.id, [])
         return len(values) == 1 and is_tensor_expr(values[0], facts, depth + 1)
     if isinstance(node, ast.Subscript):
-        return is_tensor_expr(node.value, facts, depth + 1) and _is_safe_index(node.slice)
+        return is_tensor_expr(node.value, facts, depth + 1) and is_safe_index(node.slice)
     return False
 
 
-def _is_safe_index(node: ast.AST) -> bool:
+def is_safe_index(node: ast.AST) -> bool:
     """Slices with constant (or absent) bounds, Ellipsis and None never raise on a tensor
     with enough dimensions."""
     if isinstance(node, ast.Tuple):
-        return all(_is_safe_index(e) for e in node.elts)
+        return all(is_safe_index(e) for e in node.elts)
     if isinstance(node, ast.Slice):
         return all(
             part is None or (isinstance(part, ast.Constant) and isinstance(part.value, int))
@@ -161,99 +157,6 @@ def _is_safe_index(node: ast.AST) -> bool:
             for part in (node.lower, node.upper, node.step)
         )
     return isinstance(node, ast.Constant) and (node.value is None or node.value is Ellipsis)
-
-
-def speculation_blockers(node: ast.AST, facts: FunctionFacts, bound: set[str]) -> list[str]:
-    """Reasons evaluating ``node`` speculatively could raise or have an effect."""
-    reasons: list[str] = []
-    _spec(node, facts, bound, reasons)
-    return reasons
-
-
-def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) -> None:
-    if isinstance(node, ast.Constant):
-        return
-    if isinstance(node, ast.Name):
-        if node.id in facts.local_names and node.id not in bound:
-            out.append(f"`{node.id}` may be unbound on the path not taken")
-        elif node.id not in facts.local_names and node.id not in facts.globals and not hasattr(builtins, node.id):
-            out.append(f"`{node.id}` is not defined")
-        return
-    if isinstance(node, ast.Attribute):
-        _spec(node.value, facts, bound, out)
-        return
-    if isinstance(node, (ast.BinOp,)):
-        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and not (
-            is_tensor_expr(node.left, facts) or is_tensor_expr(node.right, facts)
-            or (isinstance(node.right, ast.Constant) and node.right.value not in (0, 0.0))
-        ):
-            out.append("a division whose operands are not provably tensors can raise ZeroDivisionError")
-        if isinstance(node.op, ast.MatMult):
-            out.append("a matrix product can fail on shapes the taken path never multiplies")
-        _spec(node.left, facts, bound, out)
-        _spec(node.right, facts, bound, out)
-        return
-    if isinstance(node, ast.UnaryOp):
-        _spec(node.operand, facts, bound, out)
-        return
-    if isinstance(node, ast.BoolOp):
-        for v in node.values:
-            _spec(v, facts, bound, out)
-        return
-    if isinstance(node, ast.Compare):
-        _spec(node.left, facts, bound, out)
-        for c in node.comparators:
-            _spec(c, facts, bound, out)
-        return
-    if isinstance(node, ast.IfExp):
-        for part in (node.test, node.body, node.orelse):
-            _spec(part, facts, bound, out)
-        return
-    if isinstance(node, (ast.Tuple, ast.List)):
-        for e in node.elts:
-            _spec(e, facts, bound, out)
-        return
-    if isinstance(node, ast.JoinedStr):
-        for v in node.values:
-            if isinstance(v, ast.FormattedValue):
-                _spec(v.value, facts, bound, out)
-                if v.format_spec is not None:
-                    _spec(v.format_spec, facts, bound, out)
-        return
-    if isinstance(node, ast.Subscript):
-        _spec(node.value, facts, bound, out)
-        if not _is_safe_index(node.slice):
-            out.append("indexing can go out of range on the path not taken")
-        return
-    if isinstance(node, ast.Call):
-        for a in node.args:
-            _spec(a.value if isinstance(a, ast.Starred) else a, facts, bound, out)
-        for k in node.keywords:
-            _spec(k.value, facts, bound, out)
-        if (
-            isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "__graphmend_rt__"
-            and node.func.attr in ("equal",)
-        ):
-            return  # the runtime's pure, total torch.equal
-        fn = is_torch_attr(node.func, facts)
-        if fn is not None:
-            if fn not in PURE_TORCH_FUNCTIONS:
-                out.append(f"torch.{fn} is not on the list of pure torch functions")
-            return
-        if isinstance(node.func, ast.Attribute):
-            if node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
-                out.append(f"`.{node.func.attr}` mutates its receiver")
-            elif node.func.attr not in PURE_TENSOR_METHODS:
-                out.append(f"`.{node.func.attr}(...)` is not a known pure tensor method")
-            _spec(node.func.value, facts, bound, out)
-            return
-        if isinstance(node.func, ast.Name) and node.func.id in PURE_BUILTINS and node.func.id not in facts.local_names and node.func.id not in facts.globals:
-            return
-        out.append(f"the call `{ast.unparse(node.func)}(...)` is not known to be pure and total")
-        return
-    out.append(f"`{type(node).__name__}` expressions are not speculated")
 
 
 def bound_before(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -> set[str]:
@@ -324,103 +227,3 @@ def _block_assigned(block: list[ast.stmt]) -> tuple[set[str], bool]:
             return names, True
         names |= _definitely_assigned(s)
     return names, False
-
-
-# --------------------------------------------------------------------------
-# whole-function purity (for hoisting a memoised initialiser)
-
-PURE_GLOBAL_CALLS = frozenset(
-    {"len", "int", "float", "bool", "str", "getattr", "hasattr", "isinstance", "min", "max", "abs", "range",
-     "tuple", "list", "dict", "sorted", "round", "sum", "any", "all", "zip", "enumerate"}
-)
-PURE_MODULE_PREFIXES = ("math.",)
-_PURE_METHODS_ANY_RECEIVER = frozenset({"get", "keys", "values", "items", "copy"})
-_TORCH_FACTORIES = frozenset({"tensor", "arange", "ones", "zeros", "full", "linspace", "empty", "eye", "float32",
-                              "int64", "device"})
-
-
-def function_impurities(fn: Any, depth: int = 0) -> list[str]:
-    """Why ``fn`` may have effects beyond its return value (empty: pure).
-
-    Pure here means: it only binds locals, reads attributes and items, and
-    calls pure builtins, ``math``, torch's pure functions and factories,
-    tensor methods that do not mutate, ``dict.get`` and other functions
-    that are pure by the same test (two levels deep). It may raise."""
-    import inspect
-    import textwrap
-
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return [f"{getattr(fn, '__name__', fn)!s} has no Python source"]
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        return [f"the source of {fn.__qualname__} is not available"]
-    fdef = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    if fdef is None:
-        return [f"{fn.__qualname__} is not a plain function"]
-    namespace = getattr(fn, "__globals__", {})
-    from graphmend.analysis.source import bound_names
-
-    local = bound_names(fdef)
-    out: list[str] = []
-    # Building the exception of a `raise` is part of raising, which is allowed.
-    in_raise = {id(n) for r in ast.walk(fdef) if isinstance(r, ast.Raise) for n in ast.walk(r)}
-    for node in ast.walk(fdef):
-        if node is fdef or id(node) in in_raise:
-            continue
-        if isinstance(node, (ast.Global, ast.Nonlocal)):
-            out.append(f"{fn.__qualname__} declares global/nonlocal names")
-        elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
-            out.append(f"{fn.__qualname__} is a generator or coroutine")
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
-                        base = sub.value
-                        while isinstance(base, (ast.Attribute, ast.Subscript)):
-                            base = base.value
-                        if not (isinstance(base, ast.Name) and base.id in local and base.id not in _param_names(fdef)):
-                            out.append(f"{fn.__qualname__} stores into `{ast.unparse(sub)}`")
-        elif isinstance(node, ast.Call):
-            reason = impure_call(node, namespace, local, depth, fn.__qualname__)
-            if reason:
-                out.append(reason)
-    return out
-
-
-def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    args = fdef.args
-    names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
-    for extra in (args.vararg, args.kwarg):
-        if extra is not None:
-            names.add(extra.arg)
-    return names
-
-
-def impure_call(call: ast.Call, namespace: dict[str, Any], local: set[str], depth: int, owner: str) -> str | None:
-    func = call.func
-    dotted = ast.unparse(func)
-    if isinstance(func, ast.Name):
-        if func.id in local:
-            return f"{owner} calls the local `{func.id}`"
-        if func.id in PURE_GLOBAL_CALLS and func.id not in namespace:
-            return None
-        target = namespace.get(func.id)
-        if target is not None and depth < 2 and callable(target) and hasattr(target, "__code__"):
-            inner = function_impurities(target, depth + 1)
-            return inner[0] if inner else None
-        return f"{owner} calls `{func.id}`, not known to be pure"
-    if isinstance(func, ast.Attribute):
-        base = func.value
-        if isinstance(base, ast.Name) and base.id not in local:
-            module = namespace.get(base.id)
-            if module is torch and (func.attr in PURE_TORCH_FUNCTIONS or func.attr in _TORCH_FACTORIES):
-                return None
-            if getattr(module, "__name__", None) == "math":
-                return None
-        if func.attr in _PURE_METHODS_ANY_RECEIVER or (func.attr in PURE_TENSOR_METHODS and not func.attr.endswith("_")):
-            return None
-    return f"{owner} calls `{dotted}`, not known to be pure"

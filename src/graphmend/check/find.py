@@ -31,7 +31,7 @@ from graphmend.check.tensors import (
     tensor_facts,
     tensor_truth,
 )
-from graphmend.rules import check_codes
+from graphmend.rules import check_codes, rules_that
 
 #: code -> (rule or None, what it flags): GM000, and each rule's own codes (the registry).
 CODES: dict[str, tuple[str | None, str]] = {"GM000": (None, "the file could not be parsed"), **check_codes()}
@@ -165,7 +165,7 @@ class _FunctionScan:
 
     def findings(self, reached: bool) -> list[Finding]:
         """The findings, judged; [Defer] sites only when forward reaches the function."""
-        found = [item for item in self.found if reached or CODES[item[0]][0] != "defer"]
+        found = [item for item in self.found if reached or CODES[item[0]][0] not in rules_that("defers_output")]
         out = [Finding(self.scope.path, node.lineno, self._col(node), code, message, self.qualname)
                for code, node, _, message in found]
         judged = [(f, stmt) for f, (_, _, stmt, _) in zip(out, found) if f.rule is not None and f.code not in _NEVER_SAFE]

@@ -9,10 +9,10 @@ could only prove with the live model (which modules ``self.layer`` holds, a
 function imported from another package) is a decline here. On top of the
 rule's own proof:
 
-* [Defer]: the arguments must not be changed in place later in the function
+* [Defer] (its ``proof`` "unchanged after"): the arguments must not be changed in place later in the function
   (``h.add_(...)``, ``h[i] = ...``, ``h += ...``): the deferred call would
   otherwise have to rely on its snapshot;
-* [Trap]: a call after the check of a function imported from another module
+* [Trap] ("no imported call after"): a call after the check of a function imported from another module
   is a possible state change the linter cannot read.
 
 What the static view cannot see: the code that runs in a *caller* after the
@@ -25,8 +25,9 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.effects import MUTATING_METHODS, root_of
+from graphmend.analysis.effects import root_of
 from graphmend.analysis.facts import path_to
+from graphmend.analysis.purity import mutating_method, stores
 from graphmend.analysis.source import bound_names
 from graphmend.check.scope import ModuleScope
 from graphmend.rewrite.engine import Located, SiteRewrite, rewrite
@@ -45,10 +46,8 @@ def judge(
     out: list[str | None] = []
     for (stmt, rule), site in zip(sites, rewrites):
         why = None if site.ok else site.reason
-        if why is None and rule == "defer":
-            why = _changed_after(stmt, fdef)
-        elif why is None and rule == "trap":
-            why = _imported_call_after(stmt, fdef, scope, bound_names(fdef))
+        if why is None and rules[rule].proof:
+            why = PROOFS[rules[rule].proof](stmt, fdef, scope)
         out.append(why)
     return out
 
@@ -66,7 +65,8 @@ def continuation(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -
     return after
 
 
-def _changed_after(stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+def _changed_after(stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope) -> str | None:
+    """Whether a name the call shows is changed in place after it."""
     call = stmt.value  # type: ignore[attr-defined]
     shown = {
         n.id
@@ -88,15 +88,13 @@ def _in_place_change(node: ast.AST) -> tuple[str, str] | None:
         root = root_of(node.target)
         return (root, f"`{ast.unparse(node.target)} {_OPS.get(type(node.op), '?')}= ...`") if root else None
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-            for sub in ast.walk(target):
-                if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
-                    root = root_of(sub)
-                    if root:
-                        return root, f"`{ast.unparse(sub)} = ...`"
+        for sub in stores(node.targets if isinstance(node, ast.Assign) else [node.target]):
+            root = root_of(sub)
+            if root:
+                return root, f"`{ast.unparse(sub)} = ...`"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         attr = node.func.attr
-        if (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS:
+        if mutating_method(attr):
             root = root_of(node.func.value)
             return (root, f"`.{attr}(...)`") if root else None
     return None
@@ -106,9 +104,9 @@ _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "
         ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
 
 
-def _imported_call_after(
-    stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope, local: set[str]
-) -> str | None:
+def _imported_call_after(stmt: ast.stmt, fdef: ast.FunctionDef | ast.AsyncFunctionDef, scope: ModuleScope) -> str | None:
+    """Whether a function imported from another module is called after the check."""
+    local = bound_names(fdef)
     for later in continuation(fdef, stmt):
         for node in ast.walk(later):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
@@ -119,3 +117,7 @@ def _imported_call_after(
                         f"{scope.imported_from[name]}: its effects are not read from source"
                     )
     return None
+
+
+# A rule's ``proof`` (the registry) -> the static check it needs on top of its rewrite.
+PROOFS = {"unchanged after": _changed_after, "no imported call after": _imported_call_after}

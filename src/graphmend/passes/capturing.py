@@ -16,7 +16,7 @@ from graphmend.discover.capture import Capture, Trial, decide, removed_sites
 from graphmend.discover.explain import ExplainReport
 from graphmend.passes.rounds import rounds
 from graphmend.rewrite.session import Session, Status, key, outcome, worse
-from graphmend.rules import rule_with_pass
+from graphmend.rules import rule_with_pass, rules_that
 
 CAPTURE_RULE = rule_with_pass("capture")  # the rule whose mechanism includes measured capture
 
@@ -40,7 +40,7 @@ def rounds_with_capture(session: Session) -> None:
     conversion that raises in the flag's graph would lose the check's
     exception (``with_capture``)."""
     if session.capture.flags:
-        later = tuple(r for r in session.rules if r != "trap")
+        later = tuple(r for r in session.rules if r not in rules_that("defers_raise"))
         session.rounds += rounds(session, later, session.capture.flags)
 
 
@@ -53,7 +53,7 @@ def with_capture(session: Session, plain: ExplainReport) -> tuple[ExplainReport,
     later error would replace the check's exception."""
     if CAPTURE_RULE not in session.rules:
         return plain, Capture()
-    trapped = [o for o in session.outcomes.values() if o.status == Status.APPLIED and o.rule == "trap"]
+    trapped = [o for o in session.outcomes.values() if o.status == Status.APPLIED and o.rule in rules_that("defers_raise")]
     if trapped and any(s.category in ("TI", "DO") for s in plain.sites):
         return plain, Capture(notes=[
             f"not measured: {len(trapped)} trapped check(s) applied; a captured scalar conversion that raises "

@@ -18,6 +18,7 @@ from graphmend import runtime
 from graphmend.passes import barriers
 from graphmend.passes.rounds import model_files
 from graphmend.rewrite.session import Session
+from graphmend.rules import rules_that
 
 WHY = (
     "an assert that may be on tensor values stays in the graph, and when it fails there it loses the "
@@ -63,14 +64,14 @@ def _guarded(session: Session):
             f"graph breaks before {'; '.join(changed)} would leave {with_breaks.graphs - current.graphs} "
             f"more graph(s), and without them {WHY}"
         )
-    session.take_back_rules({"defer", "trap"}, reason)
+    session.take_back_rules(set(rules_that("records")), reason)
     without = session.retrace(flags)
     if with_breaks is not None and (
         with_breaks.graphs < without.graphs or (with_breaks.graphs == without.graphs and "warn" in recording)
     ):
         breaks.restore()
         return with_breaks, [_kept(c) for c in changed]
-    return without, [f"the rewrites that record ([defer], [trap]) are reverted: {reason}"]
+    return without, [f"the rewrites that record ({recording_rules()}) are reverted: {reason}"]
 
 
 def _settle(session: Session) -> None:
@@ -88,3 +89,8 @@ def _settle(session: Session) -> None:
 
 def _kept(change: str) -> str:
     return f"a graph break goes before {change} whenever its test is a tensor (runtime.held): {WHY}"
+
+
+def recording_rules() -> str:
+    """``[defer], [trap]``: the rules whose rewrites record into a region."""
+    return ", ".join(f"[{name}]" for name in rules_that("records"))

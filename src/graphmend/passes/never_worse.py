@@ -16,6 +16,8 @@ import contextlib
 
 from graphmend.discover.explain import ExplainReport
 from graphmend.passes import barriers
+from graphmend.passes.held import recording_rules
+from graphmend.passes.speculation import RULE as SPECULATE
 from graphmend.rewrite import engine
 from graphmend.rewrite.session import (
     Mending,
@@ -118,10 +120,10 @@ def _take_back(session: Session, doomed: set[int], reason: str, kept: list[str] 
     only keep graph breaks before asserts go, one line says why instead."""
     if kept is not None and any(not session.applied_in(i) for i in doomed):
         breaks = "with the graph breaks before asserts kept for them"
-        kept[:] = [f"the rewrites that record ([defer], [trap]) are reverted, {breaks}: {reason}"]
+        kept[:] = [f"the rewrites that record ({recording_rules()}) are reverted, {breaks}: {reason}"]
     session.take_back(doomed, reason)
     target = session.target
     target.speculating = target.speculating and any(
-        o.rule == "speculate" and o.status == Status.APPLIED for o in session.outcomes.values()
+        o.rule == SPECULATE and o.status == Status.APPLIED for o in session.outcomes.values()
     )
 

@@ -167,7 +167,7 @@ def rewrite_function(
 
     pristine = copy.deepcopy(located.node)
     node, done = rewrite(pairs, enabled)
-    deferred = [r for _, r in done if r.ok and r.rule.name == "defer"]
+    deferred = [r for _, r in done if r.ok and r.rule.defers_output]
     held = held_asserts(node, barriers.owners(located, model), located.namespace) if deferred else []
     if not held:
         return node, done
@@ -193,13 +193,13 @@ def rewrite_function(
     located.node = pristine
     kept = []
     for site, rw in pairs:
-        if rw.rule.name == "defer":
+        if rw.rule.defers_output:
             rw.ok, rw.reason, rw.notes = False, reason, []
         else:
             rw.ok, rw.reason, rw.notes, rw.memo_attrs, rw.unalias = False, "", [], set(), set()
             kept.append((site, rw))
-    node, done = rewrite(kept, tuple(name for name in enabled if name != "defer"))
-    return node, done + [(s, r) for s, r in pairs if r.rule.name == "defer"]
+    node, done = rewrite(kept, tuple(name for name in enabled if not rules[name].defers_output))
+    return node, done + [(s, r) for s, r in pairs if r.rule.defers_output]
 
 
 def ahead_sites(

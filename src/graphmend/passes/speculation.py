@@ -16,8 +16,9 @@ import torch
 from graphmend.models.targets import Target
 from graphmend.passes.rounds import apply_round
 from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key, run_copy
+from graphmend.rules import rule_with_pass
 
-RULE = "speculate"
+RULE = rule_with_pass("speculation")  # the rule whose last round this is
 
 
 def speculate(session: Session) -> None:

@@ -156,7 +156,13 @@ class Rule:
     rank: ClassVar[int] = 0  # its place among the default rules (the order rounds try them)
     codes: ClassVar[dict[str, str]] = {}  # `graphmend check` codes it owns -> what each flags
     records: ClassVar[tuple[str, ...]] = ()  # runtime calls its rewrites make that record into a region
-    passes: ClassVar[tuple[str, ...]] = ()  # pipeline passes it brings ("capture": measured capture flags)
+    passes: ClassVar[tuple[str, ...]] = ()  # pipeline passes it brings ("capture": measured capture flags;
+    # "speculation": its own last round, once the other rewrites are installed)
+    defers_output: ClassVar[bool] = False  # moves print/log/warn to the region's end: an assert failing
+    # inside the graph would lose it (held asserts)
+    defers_raise: ClassVar[bool] = False  # moves a raise to the call's end: a graph raising before it loses
+    # its flag (no capture measured), and a wrapper's work after the module runs first (api)
+    proof: ClassVar[str] = ""  # what `graphmend check` proves besides the rewrite (check.safety.PROOFS)
     style: ClassVar[str] = "yellow"  # its colour in reports
 
     @property
@@ -231,3 +237,8 @@ def recording_calls() -> tuple[str, ...]:
 def rule_with_pass(name: str) -> str | None:
     """The rule that brings pipeline pass ``name``, or None."""
     return next((r.name for r in load_rules().values() if name in r.passes), None)
+
+
+def rules_that(fact: str) -> tuple[str, ...]:
+    """The names of the rules whose ``fact`` (a :class:`Rule` attribute) is true, by rank."""
+    return tuple(r.name for r in sorted(load_rules().values(), key=lambda r: r.rank) if getattr(r, fact))

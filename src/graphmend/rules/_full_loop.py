@@ -1,8 +1,8 @@
 """[Scalar]'s full loop: ``hit = T.nonzero(as_tuple=True)[0].tolist()`` and a
 loop over ``hit`` whose body is a no-op where the filter is false, rewritten
 to loop over every index (no host read, no data-dependent length). Part of
-the [Scalar] rule (scalar.py); ``module_impurity`` proves the loop's module
-calls pure."""
+the [Scalar] rule (scalar.py); ``module_impurity`` (analysis.purity)
+proves the loop's module calls pure."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from graphmend.analysis.facts import (
     PURE_TENSOR_METHODS,
     PURE_TORCH_FUNCTIONS,
     FunctionFacts,
-    impure_call,
 )
+from graphmend.analysis.purity import RAISE_ON_EMPTY, module_impurity
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
 
@@ -27,22 +27,7 @@ _F_PURE = frozenset(
     """linear silu gelu relu softmax log_softmax sigmoid tanh layer_norm rms_norm dropout embedding
     normalize pad one_hot""".split()
 )
-_PURE_NN = (
-    torch.nn.Linear,
-    torch.nn.Identity,
-    torch.nn.Dropout,
-    torch.nn.LayerNorm,
-    torch.nn.Embedding,
-    torch.nn.SiLU,
-    torch.nn.GELU,
-    torch.nn.ReLU,
-    torch.nn.Tanh,
-    torch.nn.Sigmoid,
-    torch.nn.Softmax,
-)
-# Pure, but raise on an empty tensor (no identity element): the loop would now
-# run them on an index the filter dropped.
-_RAISE_ON_EMPTY = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "item", "median", "mode", "kthvalue"})
+
 
 
 # --------------------------------------------------------------------------
@@ -340,7 +325,7 @@ class FullLoop:
             if not isinstance(sub, ast.Call):
                 continue
             func = sub.func
-            if isinstance(func, ast.Attribute) and func.attr in _RAISE_ON_EMPTY:
+            if isinstance(func, ast.Attribute) and func.attr in RAISE_ON_EMPTY:
                 raise Decline(f"{where}: `{ast.unparse(sub)}` raises on an empty selection")
             if isinstance(func, ast.Name) and func.id in modules:
                 self._modules_pure(modules[func.id], where)
@@ -408,54 +393,3 @@ def _replace_flags(call: ast.Call, hit: str) -> ast.Call:
     else:
         call.args[0] = load_name(hit)
     return call
-
-
-def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
-    """Why calling ``module`` could have an effect besides its result (None: pure)."""
-    from torch.nn.modules import module as module_mod
-
-    name = type(module).__name__
-    if module._forward_hooks or module._forward_pre_hooks or module_mod._global_forward_hooks or (
-        module_mod._global_forward_pre_hooks
-    ):
-        return f"{name} has forward hooks"
-    if isinstance(module, torch.nn.Dropout):
-        return f"{name} draws random numbers in training" if module.training and module.p > 0 else None
-    if type(module) in _PURE_NN:
-        return None
-    if depth > 3:
-        return f"{name} nests modules too deep to check"
-    import inspect
-    import textwrap
-
-    forward = type(module).forward
-    try:
-        fdef = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return f"the source of {name}.forward is not available"
-    from graphmend.analysis.source import bound_names
-
-    local = bound_names(fdef)
-    namespace = getattr(forward, "__globals__", {})
-    for node in ast.walk(fdef):
-        if isinstance(node, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await)):
-            return f"{name}.forward uses `{type(node).__name__.lower()}`"
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, (ast.Attribute, ast.Subscript)) for tgt in targets for t in ast.walk(tgt)):
-                return f"{name}.forward stores into an attribute or item"
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and func.attr in _RAISE_ON_EMPTY:
-                return f"{name}.forward calls `{ast.unparse(func)}`, which raises on an empty input"
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-                child = getattr(module, func.attr, None)
-                if isinstance(child, torch.nn.Module):
-                    reason = module_impurity(child, depth + 1)
-                    if reason:
-                        return reason
-                    continue
-            reason = impure_call(node, namespace, local, 0, f"{name}.forward")
-            if reason:
-                return reason
-    return None

@@ -19,13 +19,21 @@ import contextlib
 from typing import Any, Iterator
 
 from graphmend.analysis.effects import (
-    MUTATING_METHODS,
     is_side_effect_call,
     loop_attribute,
     root_of,
     self_attribute,
     watched_effect,
     without_training_branches,
+)
+from graphmend.analysis.purity import (
+    STATEFUL_BUILTINS,
+    STATELESS_CONTAINERS,
+    STATELESS_LAYERS,
+    is_layer,
+    mutating_method,
+    pure_torch_builtin,
+    stores,
 )
 from graphmend.analysis.source import (
     definition_of,
@@ -35,14 +43,6 @@ from graphmend.analysis.source import (
     statement_in,
 )
 from graphmend.rules import Decline, RewriteContext
-
-# Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
-_STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
-_STATELESS_MODULES = frozenset(
-    {"Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
-     "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
-     "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList", "ModuleDict"}
-)
 
 
 class StateScan:
@@ -144,11 +144,9 @@ class StateScan:
                 return f"`{type(sub).__name__.lower()} {', '.join(sub.names)}` (line {sub.lineno})"
             if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                for target in targets:
-                    for t in ast.walk(target):
-                        if isinstance(t, (ast.Attribute, ast.Subscript)) and isinstance(t.ctx, ast.Store):
-                            if root_of(t) not in local:
-                                return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
+                for t in stores(targets):
+                    if root_of(t) not in local:
+                        return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
             elif isinstance(sub, ast.Call):
                 func = sub.func
                 if isinstance(func, ast.Attribute) and root_of(func) == "__graphmend_rt__":
@@ -159,7 +157,7 @@ class StateScan:
                     return f"`{ast.unparse(func)}(...)` is not deferred (line {sub.lineno})"
                 if isinstance(func, ast.Attribute):
                     attr = func.attr
-                    if (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS:
+                    if mutating_method(attr):
                         if root_of(func.value) not in local:
                             return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
                 self_attr = self_attribute(func)
@@ -168,7 +166,7 @@ class StateScan:
                     if reason:
                         return reason
                 elif isinstance(func, ast.Name):
-                    if func.id in _STATEFUL_BUILTINS and namespace.get(func.id, getattr(builtins, func.id)) is getattr(builtins, func.id):
+                    if func.id in STATEFUL_BUILTINS and namespace.get(func.id, getattr(builtins, func.id)) is getattr(builtins, func.id):
                         return f"`{func.id}(...)` (line {sub.lineno})"
                     if func.id in local:
                         reason = self._local_callable(func.id, node, ctx, depth, namespace)
@@ -338,12 +336,12 @@ class StateScan:
                     if reason:
                         return reason
                     continue
-                if self.assume_eval and _pure_torch_builtin(value):
+                if self.assume_eval and pure_torch_builtin(value):
                     continue
                 return f"calls `{label}`, which is not a module or a Python function"
             for module in value.modules():
                 cls = type(module)
-                if cls.__module__.startswith("torch.nn") and cls.__name__ in _STATELESS_MODULES:
+                if is_layer(module, STATELESS_LAYERS | STATELESS_CONTAINERS):
                     continue
                 if depth >= self.max_depth:
                     return f"calls `{label}` ({cls.__name__}), too deep to check"
@@ -528,21 +526,3 @@ def _runs(cls: type, name: str, line: int, filename: str) -> bool:
             if code.co_filename == filename:
                 return True
     return False
-
-
-def _pure_torch_builtin(value: Any) -> bool:
-    """A torch function implemented in C that does not change its arguments in
-    place or global settings (``torch.nn.functional.gelu``); random draws are
-    undone by the caller that needs it (runtime.call restores the RNG)."""
-    import types
-
-    if not isinstance(value, types.BuiltinFunctionType):
-        return False
-    name = getattr(value, "__name__", "")
-    module = getattr(value, "__module__", None) or ""
-    owner = getattr(getattr(value, "__self__", None), "__name__", "")
-    return (
-        (module.startswith("torch") or str(owner).startswith("torch"))
-        and not name.endswith("_")
-        and not name.startswith(("set_", "_set", "manual_seed", "seed", "use_deterministic"))
-    )

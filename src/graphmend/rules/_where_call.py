@@ -8,7 +8,8 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.facts import FunctionFacts, speculation_blockers
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.purity import function_impurities, speculation_blockers
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import assign_to, load_name, store_name
 
@@ -191,7 +192,6 @@ class TrailingCallForm:
                 raise Decline(f"the memo attribute `{key}` is used elsewhere in the module (line {node.lineno})")
 
     def _check_pure_init(self, init: ast.Call, owner: ast.expr, facts: FunctionFacts, known: set[str], ctx: RewriteContext) -> None:
-        from graphmend.analysis.facts import function_impurities
 
         for a in list(init.args) + [k.value for k in init.keywords]:
             for reason in speculation_blockers(a.value if isinstance(a, ast.Starred) else a, facts, known):

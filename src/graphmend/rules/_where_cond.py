@@ -151,20 +151,15 @@ class CondForm:
             )
         return held
 
-    _PURE_MODULES = (
-        "Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
-        "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
-        "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList",
-    )
-
     def _pure_callee(self, call: ast.Call, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr | None:
         """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
         import torch
 
-        from graphmend.analysis.facts import (
-            PURE_TENSOR_METHODS,
-            PURE_TORCH_FUNCTIONS,
+        from graphmend.analysis.facts import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS
+        from graphmend.analysis.purity import (
+            STATELESS_LAYERS,
             function_impurities,
+            is_layer,
         )
 
         func = call.func
@@ -185,7 +180,7 @@ class CondForm:
                 if not isinstance(module, torch.nn.Module):
                     raise Decline(f"`{ast.unparse(func)}` is not a module")
                 for sub in module.modules():
-                    if type(sub).__module__.startswith("torch.nn") and type(sub).__name__ in self._PURE_MODULES:
+                    if is_layer(sub, STATELESS_LAYERS):
                         train_dependent |= type(sub).__name__ == "Dropout"
                         continue
                     raise Decline(f"`{ast.unparse(func)}` contains {type(sub).__name__}, not a known stateless layer")

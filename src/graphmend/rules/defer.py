@@ -105,6 +105,8 @@ class Defer(Rule):
         "GM203": "`warnings.warn` run by forward",
     }
     records = EFFECTS
+    defers_output = True
+    proof = "unchanged after"
     style = "green"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:

@@ -58,6 +58,7 @@ class Speculate(Rule):
     offered = "TI, after scalar"
     summary = "guess a host value that steers control flow; check it when the call ends, run again if wrong"
     rank = 5
+    passes = ("speculation",)
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
         if not (

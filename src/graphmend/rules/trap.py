@@ -57,7 +57,8 @@ import ast
 import builtins
 import copy
 
-from graphmend.analysis.facts import FunctionFacts, bound_before, speculation_blockers
+from graphmend.analysis.facts import FunctionFacts, bound_before
+from graphmend.analysis.purity import speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import check_lowerable, has_boolops, lower
 from graphmend.rules._state import StateScan, _own_attrs, inside_try
@@ -77,6 +78,8 @@ class Trap(Rule):
         "GM303": "`torch._assert` on a tensor value",
     }
     records = ("trap",)
+    defers_raise = True
+    proof = "no imported call after"
     style = "magenta"
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:

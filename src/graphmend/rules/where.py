@@ -70,12 +70,8 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.facts import (
-    FunctionFacts,
-    bound_before,
-    is_tensor_expr,
-    speculation_blockers,
-)
+from graphmend.analysis.facts import FunctionFacts, bound_before, is_tensor_expr
+from graphmend.analysis.purity import speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._ast import (
     Substitute,

@@ -1,0 +1,343 @@
+"""Purity: what running code can do besides computing its result. The one
+effect and purity analysis the rules share (effects.py names the effects
+themselves: print, logging, warnings, guards).
+
+Each question is asked of source, or of the live objects a rule resolved:
+
+* ``stores`` and ``mutating_method``: the attribute/item stores in an
+  assignment and the in-place or mutating method calls, the two ways a
+  statement changes an object (each caller decides whose objects count).
+* ``speculation_blockers``: why evaluating an expression on a path where the
+  original would not have evaluated it could raise or have an effect (empty
+  when it is safe): only names bound before the statement, attribute reads,
+  constants, arithmetic, comparisons, safe slices, and calls of pure torch
+  functions and tensor methods. [Where], [Trap], [Speculate].
+* ``function_impurities``: why calling a Python function could have an
+  effect beyond its return value (two calls deep). [Where] callees, hoisted
+  memo initialisers.
+* ``module_impurity``: why calling a module could ([Scalar]'s full loop).
+* ``is_layer`` over ``STATELESS_LAYERS`` / ``STATELESS_CONTAINERS`` /
+  ``EMPTY_SAFE_LAYERS``, ``STATEFUL_BUILTINS``, ``pure_torch_builtin``: the
+  torch.nn layers, builtins and torch C functions known by name.
+
+``rules/_state.py``'s ``StateScan`` follows the code that runs after a point
+through the calls it makes on the live model, asking these questions.
+All of them are conservative: an unproven fact makes a rule decline.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from graphmend.analysis.effects import MUTATING_METHODS
+from graphmend.analysis.facts import (
+    PURE_BUILTINS,
+    PURE_TENSOR_METHODS,
+    PURE_TORCH_FUNCTIONS,
+    FunctionFacts,
+    is_safe_index,
+    is_tensor_expr,
+    is_torch_attr,
+)
+from graphmend.analysis.source import bound_names
+
+# Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
+STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
+
+# torch.nn layers whose call changes no state and raises on no well-formed
+# input ([Where] runs a branch's call on the path not taken; StateScan skips them).
+STATELESS_LAYERS = frozenset(
+    {"Linear", "Bilinear", "Identity", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "RMSNorm", "GroupNorm",
+     "Embedding", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU",
+     "Mish", "Hardtanh", "Dropout", "Flatten", "Sequential", "ModuleList"}
+)
+# Containers that hold layers and change no state, but raise when called.
+STATELESS_CONTAINERS = frozenset({"ModuleDict"})
+# Layers that are also total on an empty input ([Scalar]'s full loop runs them on every index).
+EMPTY_SAFE_LAYERS = frozenset(
+    {"Linear", "Identity", "Dropout", "LayerNorm", "Embedding", "SiLU", "GELU", "ReLU", "Tanh", "Sigmoid", "Softmax"}
+)
+# Pure, but raise on an empty tensor (no identity element): the loop would now
+# run them on an index the filter dropped.
+RAISE_ON_EMPTY = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "item", "median", "mode", "kthvalue"})
+
+
+def stores(targets: Iterable[ast.AST]) -> Iterator[ast.Attribute | ast.Subscript]:
+    """The attribute and item stores (``x.a = ...``, ``x[i] += ...``) in assignment targets."""
+    for target in targets:
+        for sub in ast.walk(target):
+            if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, ast.Store):
+                yield sub
+
+
+def mutating_method(attr: str) -> bool:
+    """Whether a method of that name changes its receiver: an in-place tensor
+    method (``add_``) or a mutating container method (``append``)."""
+    return (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS
+
+
+def is_layer(module: Any, names: frozenset[str]) -> bool:
+    """Whether ``module``'s class is one of torch.nn's ``names`` (by name, defined under torch.nn)."""
+    return type(module).__name__ in names and type(module).__module__.startswith("torch.nn")
+
+
+# --------------------------------------------------------------------------
+# an expression on the path not taken
+
+
+def speculation_blockers(node: ast.AST, facts: FunctionFacts, bound: set[str]) -> list[str]:
+    """Reasons evaluating ``node`` speculatively could raise or have an effect."""
+    reasons: list[str] = []
+    _spec(node, facts, bound, reasons)
+    return reasons
+
+
+def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) -> None:
+    if isinstance(node, ast.Constant):
+        return
+    if isinstance(node, ast.Name):
+        if node.id in facts.local_names and node.id not in bound:
+            out.append(f"`{node.id}` may be unbound on the path not taken")
+        elif node.id not in facts.local_names and node.id not in facts.globals and not hasattr(builtins, node.id):
+            out.append(f"`{node.id}` is not defined")
+        return
+    if isinstance(node, ast.Attribute):
+        _spec(node.value, facts, bound, out)
+        return
+    if isinstance(node, (ast.BinOp,)):
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and not (
+            is_tensor_expr(node.left, facts) or is_tensor_expr(node.right, facts)
+            or (isinstance(node.right, ast.Constant) and node.right.value not in (0, 0.0))
+        ):
+            out.append("a division whose operands are not provably tensors can raise ZeroDivisionError")
+        if isinstance(node.op, ast.MatMult):
+            out.append("a matrix product can fail on shapes the taken path never multiplies")
+        _spec(node.left, facts, bound, out)
+        _spec(node.right, facts, bound, out)
+        return
+    if isinstance(node, ast.UnaryOp):
+        _spec(node.operand, facts, bound, out)
+        return
+    if isinstance(node, ast.BoolOp):
+        for v in node.values:
+            _spec(v, facts, bound, out)
+        return
+    if isinstance(node, ast.Compare):
+        _spec(node.left, facts, bound, out)
+        for c in node.comparators:
+            _spec(c, facts, bound, out)
+        return
+    if isinstance(node, ast.IfExp):
+        for part in (node.test, node.body, node.orelse):
+            _spec(part, facts, bound, out)
+        return
+    if isinstance(node, (ast.Tuple, ast.List)):
+        for e in node.elts:
+            _spec(e, facts, bound, out)
+        return
+    if isinstance(node, ast.JoinedStr):
+        for v in node.values:
+            if isinstance(v, ast.FormattedValue):
+                _spec(v.value, facts, bound, out)
+                if v.format_spec is not None:
+                    _spec(v.format_spec, facts, bound, out)
+        return
+    if isinstance(node, ast.Subscript):
+        _spec(node.value, facts, bound, out)
+        if not is_safe_index(node.slice):
+            out.append("indexing can go out of range on the path not taken")
+        return
+    if isinstance(node, ast.Call):
+        for a in node.args:
+            _spec(a.value if isinstance(a, ast.Starred) else a, facts, bound, out)
+        for k in node.keywords:
+            _spec(k.value, facts, bound, out)
+        if (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "__graphmend_rt__"
+            and node.func.attr in ("equal",)
+        ):
+            return  # the runtime's pure, total torch.equal
+        fn = is_torch_attr(node.func, facts)
+        if fn is not None:
+            if fn not in PURE_TORCH_FUNCTIONS:
+                out.append(f"torch.{fn} is not on the list of pure torch functions")
+            return
+        if isinstance(node.func, ast.Attribute):
+            if node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
+                out.append(f"`.{node.func.attr}` mutates its receiver")
+            elif node.func.attr not in PURE_TENSOR_METHODS:
+                out.append(f"`.{node.func.attr}(...)` is not a known pure tensor method")
+            _spec(node.func.value, facts, bound, out)
+            return
+        if isinstance(node.func, ast.Name) and node.func.id in PURE_BUILTINS and node.func.id not in facts.local_names and node.func.id not in facts.globals:
+            return
+        out.append(f"the call `{ast.unparse(node.func)}(...)` is not known to be pure and total")
+        return
+    out.append(f"`{type(node).__name__}` expressions are not speculated")
+
+
+# --------------------------------------------------------------------------
+# a whole function or module
+
+
+PURE_GLOBAL_CALLS = frozenset(
+    {"len", "int", "float", "bool", "str", "getattr", "hasattr", "isinstance", "min", "max", "abs", "range",
+     "tuple", "list", "dict", "sorted", "round", "sum", "any", "all", "zip", "enumerate"}
+)
+_PURE_METHODS_ANY_RECEIVER = frozenset({"get", "keys", "values", "items", "copy"})
+_TORCH_FACTORIES = frozenset({"tensor", "arange", "ones", "zeros", "full", "linspace", "empty", "eye", "float32",
+                              "int64", "device"})
+
+
+def function_impurities(fn: Any, depth: int = 0) -> list[str]:
+    """Why ``fn`` may have effects beyond its return value (empty: pure).
+
+    Pure here means: it only binds locals, reads attributes and items, and
+    calls pure builtins, ``math``, torch's pure functions and factories,
+    tensor methods that do not mutate, ``dict.get`` and other functions
+    that are pure by the same test (two levels deep). It may raise."""
+    import inspect
+    import textwrap
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return [f"{getattr(fn, '__name__', fn)!s} has no Python source"]
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return [f"the source of {fn.__qualname__} is not available"]
+    fdef = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if fdef is None:
+        return [f"{fn.__qualname__} is not a plain function"]
+    namespace = getattr(fn, "__globals__", {})
+    local = bound_names(fdef)
+    out: list[str] = []
+    # Building the exception of a `raise` is part of raising, which is allowed.
+    in_raise = {id(n) for r in ast.walk(fdef) if isinstance(r, ast.Raise) for n in ast.walk(r)}
+    for node in ast.walk(fdef):
+        if node is fdef or id(node) in in_raise:
+            continue
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            out.append(f"{fn.__qualname__} declares global/nonlocal names")
+        elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+            out.append(f"{fn.__qualname__} is a generator or coroutine")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for sub in stores(node.targets if isinstance(node, ast.Assign) else [node.target]):
+                base = sub.value
+                while isinstance(base, (ast.Attribute, ast.Subscript)):
+                    base = base.value
+                if not (isinstance(base, ast.Name) and base.id in local and base.id not in _param_names(fdef)):
+                    out.append(f"{fn.__qualname__} stores into `{ast.unparse(sub)}`")
+        elif isinstance(node, ast.Call):
+            reason = impure_call(node, namespace, local, depth, fn.__qualname__)
+            if reason:
+                out.append(reason)
+    return out
+
+
+def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    args = fdef.args
+    names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    for extra in (args.vararg, args.kwarg):
+        if extra is not None:
+            names.add(extra.arg)
+    return names
+
+
+def impure_call(call: ast.Call, namespace: dict[str, Any], local: set[str], depth: int, owner: str) -> str | None:
+    func = call.func
+    dotted = ast.unparse(func)
+    if isinstance(func, ast.Name):
+        if func.id in local:
+            return f"{owner} calls the local `{func.id}`"
+        if func.id in PURE_GLOBAL_CALLS and func.id not in namespace:
+            return None
+        target = namespace.get(func.id)
+        if target is not None and depth < 2 and callable(target) and hasattr(target, "__code__"):
+            inner = function_impurities(target, depth + 1)
+            return inner[0] if inner else None
+        return f"{owner} calls `{func.id}`, not known to be pure"
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        if isinstance(base, ast.Name) and base.id not in local:
+            module = namespace.get(base.id)
+            if module is torch and (func.attr in PURE_TORCH_FUNCTIONS or func.attr in _TORCH_FACTORIES):
+                return None
+            if getattr(module, "__name__", None) == "math":
+                return None
+        if func.attr in _PURE_METHODS_ANY_RECEIVER or (func.attr in PURE_TENSOR_METHODS and not func.attr.endswith("_")):
+            return None
+    return f"{owner} calls `{dotted}`, not known to be pure"
+
+
+def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
+    """Why calling ``module`` could have an effect besides its result (None: pure)."""
+    from torch.nn.modules import module as module_mod
+
+    name = type(module).__name__
+    if module._forward_hooks or module._forward_pre_hooks or module_mod._global_forward_hooks or (
+        module_mod._global_forward_pre_hooks
+    ):
+        return f"{name} has forward hooks"
+    if isinstance(module, torch.nn.Dropout):
+        return f"{name} draws random numbers in training" if module.training and module.p > 0 else None
+    if is_layer(module, EMPTY_SAFE_LAYERS):
+        return None
+    if depth > 3:
+        return f"{name} nests modules too deep to check"
+    import inspect
+    import textwrap
+
+    forward = type(module).forward
+    try:
+        fdef = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return f"the source of {name}.forward is not available"
+    local = bound_names(fdef)
+    namespace = getattr(forward, "__globals__", {})
+    for node in ast.walk(fdef):
+        if isinstance(node, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await)):
+            return f"{name}.forward uses `{type(node).__name__.lower()}`"
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            if any(stores(node.targets if isinstance(node, ast.Assign) else [node.target])):
+                return f"{name}.forward stores into an attribute or item"
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in RAISE_ON_EMPTY:
+                return f"{name}.forward calls `{ast.unparse(func)}`, which raises on an empty input"
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+                child = getattr(module, func.attr, None)
+                if isinstance(child, torch.nn.Module):
+                    reason = module_impurity(child, depth + 1)
+                    if reason:
+                        return reason
+                    continue
+            reason = impure_call(node, namespace, local, 0, f"{name}.forward")
+            if reason:
+                return reason
+    return None
+
+
+def pure_torch_builtin(value: Any) -> bool:
+    """A torch function implemented in C that does not change its arguments in
+    place or global settings (``torch.nn.functional.gelu``); random draws are
+    undone by the caller that needs it (runtime.call restores the RNG)."""
+    import types
+
+    if not isinstance(value, types.BuiltinFunctionType):
+        return False
+    name = getattr(value, "__name__", "")
+    module = getattr(value, "__module__", None) or ""
+    owner = getattr(getattr(value, "__self__", None), "__name__", "")
+    return (
+        (module.startswith("torch") or str(owner).startswith("torch"))
+        and not name.endswith("_")
+        and not name.startswith(("set_", "_set", "manual_seed", "seed", "use_deterministic"))
+    )
