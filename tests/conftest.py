@@ -36,3 +36,11 @@ def has_transformers():
     except ImportError:
         return False
     return True
+
+
+def fixture_program(name):
+    """A program of the fuzzer kept in tests/fixtures, as tests.fuzz.runner takes it."""
+    from fuzz.generator import Program
+
+    with open(os.path.join(FIXTURES, name)) as fh:
+        return Program(fh.read())

@@ -181,7 +181,7 @@ FALLBACKS: Counter = Counter()
 def _zero_dim(value: Any) -> Any:
     """Wrap 0-dim tensors so ``compare`` checks their bits: ``verify._bits_equal``
     cannot view a 0-dim tensor as bytes and falls back to ``torch.equal``,
-    which calls two NaNs different (tests/test_fuzz_regressions.py, xfail)."""
+    which calls two NaNs different (tests/test_fuzz_regressions.py: the zero-dim NaN pair)."""
     if isinstance(value, torch.Tensor) and value.dim() == 0:
         return ("0-dim", value.reshape(1))
     if isinstance(value, dict):
@@ -667,7 +667,7 @@ def _inplace_error_unnamed(obs: Observation) -> Observation:
 
 
 # api.compile closed the region in an always_call forward hook, whose exception torch
-# silences when the forward raised (test_fuzz_regressions.py::test_trapped_check_wins...).
+# silences when the forward raised (tests/rules/test_trap.py::test_trapped_check_wins...).
 _HOOK_SILENCED = "raised an exception that was silenced as another error was raised in forward"
 
 

@@ -2,7 +2,9 @@
 no tokens, `.item()` operands, declines with reasons, the measured capture
 decision (kept when it helps, refused when it adds graphs, recompiles,
 abandoned frames or errors), the decision applied by graphmend.compile and
-only around its calls, and the zoo rows (mixtral, longformer, no regression)."""
+only around its calls, the zoo rows (mixtral, longformer, no regression), the
+bug the fuzzer found in capture, and the golden table of the source rewrites
+(a source -> the exact rewrite, or the exact reason it declines)."""
 
 import copy
 import json
@@ -10,14 +12,15 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import golden
 import pytest
+import scalars as S
 import torch
 import torch.nn.functional as F
-
-import graphmend
-import scalars as S
 from conftest import has_transformers
 from effects_capture import CountingBackend, bits_equal, run
+
+import graphmend
 from graphmend.discover.capture import DYNAMIC, SCALAR, Trial, decide
 from graphmend.rewrite.verify import tensors_in
 
@@ -227,8 +230,8 @@ def test_item_in_control_flow_declined_and_capture_refused():
 
 
 def test_capture_not_measured_when_scalar_rule_is_off():
-    from graphmend.pipeline import mend_target
     from graphmend.models.targets import target_from_objects
+    from graphmend.pipeline import mend_target
 
     report, mending = mend_target(target_from_objects(S.ItemKept(), (S.item_inputs(),), {}), rules=("where", "defer"))
     mending.undo()
@@ -400,3 +403,312 @@ def test_no_zoo_row_gets_more_graphs_or_recompiles():
             assert data["capture"]["decision"] == [] and all(s["rule"] != "scalar" for s in data["sites"]), row
     assert results["mixtral"]["graphs_after"] == 1 and results["mixtral"]["after"]["recompiles"] == 0
     assert results["demo"]["graphs_after"] == 1
+
+
+# -- fuzz regressions ----------------------------------------------------------
+# Bugs the differential fuzzer (tests/fuzz) found in [Scalar]'s measured capture.
+
+
+def test_breaks_revealed_by_a_kept_capture_flag_are_mended_too():
+    from fixtures.capture_reveals import Model
+    from fuzz.runner import CountingBackend, inputs_for
+
+    xs = inputs_for(76)
+    model = Model()
+    eager = copy.deepcopy(model)
+    expected = [run(eager, x.clone()) for x in xs]
+    compiled = graphmend.compile(copy.deepcopy(model), backend=CountingBackend(), example_inputs=(xs[7].clone(),))
+    got = [run(compiled, x.clone()) for x in xs]
+    report = compiled.report
+    assert report.capture.flags == ("capture_dynamic_output_shape_ops",)
+    warn_lines = sorted(o.line for o in report.outcomes if o.rule == "defer" and "warn" in o.code)
+    assert len(warn_lines) == 2 and all(o.status == "applied" for o in report.outcomes if o.line in warn_lines)
+    assert [[w[3] for w in g.warnings] for g in got] == [[w[3] for w in e.warnings] for e in expected]
+    assert [g.stdout for g in got] == [e.stdout for e in expected]
+
+
+# -- golden table --------------------------------------------------------------
+# What [Scalar] makes of small sources (tests/rules/golden.py): the site is
+# marked `# <-`; each case expects exactly the function after the rewrite, or
+# exactly the reason it declines. Source level only: milliseconds a case.
+# Only the source rewrites: measured capture is tested above on models.
+
+GOLDEN = [
+    golden.case(
+        "full-loop-over-a-filtered-index-list",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4)
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x):
+                weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+                out = torch.zeros_like(x)
+                mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                    out.index_add_(0, top_x, y)
+                return out
+        """,
+        rewritten="""
+        def forward(self, x):
+            weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+            out = torch.zeros_like(x)
+            mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+            _gm_hit0 = mask.sum(dim=(-1, -2)) > 0
+            if _gm_hit0.dim() == 1 and mask.dim() == 3 and (len(self.experts) >= _gm_hit0.shape[0]):
+                hit = range(_gm_hit0.shape[0])
+            else:
+                hit = _gm_hit0.nonzero(as_tuple=True)[0].tolist()
+            for e in hit:
+                idx, top_x = torch.where(mask[e])
+                y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                out.index_add_(0, top_x, y)
+            return out
+        """,
+    ),
+    golden.case(
+        "full-loop-drops-an-empty-selection-guard",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4)
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x):
+                weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+                out = torch.zeros_like(x)
+                mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    if top_x.shape[0] == 0:
+                        continue
+                    y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                    out.index_add_(0, top_x, y)
+                return out
+        """,
+        rewritten="""
+        def forward(self, x):
+            weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+            out = torch.zeros_like(x)
+            mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+            _gm_hit0 = mask.sum(dim=(-1, -2)) > 0
+            if _gm_hit0.dim() == 1 and mask.dim() == 3 and (len(self.experts) >= _gm_hit0.shape[0]):
+                hit = range(_gm_hit0.shape[0])
+            else:
+                hit = _gm_hit0.nonzero(as_tuple=True)[0].tolist()
+            for e in hit:
+                idx, top_x = torch.where(mask[e])
+                y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                out.index_add_(0, top_x, y)
+            return out
+        """,
+    ),
+    golden.case(
+        "item-operand",
+        """
+        def f(x, scale):
+            return x * scale.item()  # <-
+        """,
+        rewritten="""
+        def f(x, scale):
+            return x * (scale.detach() if torch.is_tensor(x) and scale.dim() == 0 and (scale.dtype == x.dtype) and (scale.device == x.device) else scale.item())
+        """,
+    ),
+    golden.case(
+        "item-operands-on-both-sides-keep-their-order",
+        """
+        def f(x, a, b):
+            y = a.item() + x - b.item()  # <-
+            return y
+        """,
+        rewritten="""
+        def f(x, a, b):
+            y = (_gm_operand0 := ((a.detach() if torch.is_tensor(x) and a.dim() == 0 and (a.dtype == x.dtype) and (a.device == x.device) else a.item()) + x)) - (b.detach() if torch.is_tensor(_gm_operand0) and b.dim() == 0 and (b.dtype == _gm_operand0.dtype) and (b.device == _gm_operand0.device) else b.item())
+            return y
+        """,
+    ),
+    golden.case(
+        "item-operand-of-a-call-is-bound-first",
+        """
+        def f(x, t):
+            return torch.relu(x) * t.item()  # <-
+        """,
+        rewritten="""
+        def f(x, t):
+            return (_gm_operand0 := torch.relu(x)) * (t.detach() if torch.is_tensor(_gm_operand0) and t.dim() == 0 and (t.dtype == _gm_operand0.dtype) and (t.device == _gm_operand0.device) else t.item())
+        """,
+    ),
+    golden.case(
+        "count-in-an-if-stays-a-tensor",
+        """
+        def f(h):
+            active = int((h > 0).sum().item())  # <-
+            if active > h.shape[1] // 2:
+                h = h * 2
+            return h
+        """,
+        rewritten="""
+        def f(h):
+            active = (h > 0).sum()
+            if active > h.shape[1] // 2:
+                h = h * 2
+            return h
+        """,
+    ),
+    golden.case(
+        "loop-name-read-after-the-loop",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4)
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x):
+                weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+                out = torch.zeros_like(x)
+                mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                    out.index_add_(0, top_x, y)
+                return out, y
+        """,
+        declined="the loop's names y are read outside it (their last value would change)",
+    ),
+    golden.case(
+        "loop-writes-other-than-through-the-selection",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4)
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x):
+                weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+                out = torch.zeros_like(x)
+                mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    y = self.experts[e](x[top_x]) * weights[top_x, idx, None]
+                    out.index_add_(0, top_x, y)
+                    out.mul_(0.5)
+                return out
+        """,
+        declined="line 16: `out.mul_(0.5)` is not provably a no-op when the selection is empty",
+    ),
+    golden.case(
+        "loop-reduction-raises-on-an-empty-selection",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4)
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x):
+                weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1), 2, dim=-1)
+                out = torch.zeros_like(x)
+                mask = F.one_hot(chosen, num_classes=4).permute(2, 1, 0)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    peak = x[top_x].max()
+                    out.index_add_(0, top_x, self.experts[e](x[top_x]) / peak)
+                return out
+        """,
+        declined="line 14: `peak = x[top_x].max()`: `x[top_x].max()` raises on an empty selection",
+    ),
+    golden.case(
+        "filter-not-provably-non-negative",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+            def forward(self, x, mask):
+                out = torch.zeros_like(x)
+                hit = (mask.sum(dim=(-1, -2)) > 0).nonzero(as_tuple=True)[0].tolist()  # <-
+                for e in hit:
+                    idx, top_x = torch.where(mask[e])
+                    out.index_add_(0, top_x, self.experts[e](x[top_x]))
+                return out
+        """,
+        declined="`mask` is not assigned exactly once, so it is not provably non-negative",
+    ),
+    golden.case(
+        "count-not-an-integer-count",
+        """
+        def f(h):
+            n = h.mean().item()  # <-
+            if n > 0:
+                h = h * 2
+            return h
+        """,
+        declined=(
+            "`h.mean()` is not provably an integer count (a comparison's .sum() or count_nonzero), so "
+            "comparing the tensor could differ from comparing the Python number"
+        ),
+    ),
+    golden.case(
+        "count-used-other-than-in-an-if",
+        """
+        def f(h):
+            active = int((h > 0).sum().item())  # <-
+            return h[:active]
+        """,
+        declined="`active` is used other than directly in an `if` comparison (line 3)",
+    ),
+    golden.case(
+        "count-compared-with-a-float",
+        """
+        def f(h):
+            active = (h > 0).sum().item()  # <-
+            if active > 0.5:
+                h = h * 2
+            return h
+        """,
+        declined="`0.5` is not provably a Python int (line 3)",
+    ),
+    golden.case(
+        "item-in-control-flow",
+        """
+        def f(h):
+            if h.sum().item() > 0:  # <-
+                h = h * 2
+            return h
+        """,
+        declined=(
+            "the .item() value is used other than in `*`/`+`/`-` (control flow, int(), a container): no"
+            " exact source rewrite; capture_scalar_outputs is measured instead"
+        ),
+    ),
+    golden.case(
+        "data-dependent-shape",
+        """
+        def f(h):
+            idx = h.nonzero()  # <-
+            return h[idx]
+        """,
+        declined=(
+            "the value or shape depends on tensor data and no source pattern applies; "
+            "capture_scalar_outputs / capture_dynamic_output_shape_ops are measured instead"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("source, expected", GOLDEN)
+def test_golden(source, expected):
+    assert golden.outcome("scalar", source) == expected

@@ -1,0 +1,907 @@
+"""[Trap]: the same exception, message, effects before the check, and state;
+checks in a child class whose parent lives in another file; the bugs the
+fuzzer found in it; its golden table (a source -> the exact rewrite, or the
+exact reason it declines)."""
+
+import copy
+import os
+import warnings
+
+import golden
+import guards as G
+import pytest
+import torch
+import trap_one_file as one
+from conftest import FIXTURES
+from effects_capture import CountingBackend, run
+from torch import nn
+from trap_files import blocks
+from trap_files import model as two
+
+import graphmend
+
+GOOD, BAD = G.inputs(), G.inputs(bad=True)
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    graphmend.unmend()
+    torch._dynamo.reset()
+
+
+def mended(cls, *example):
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=example or (GOOD,))
+    return reference, compiled, backend
+
+
+@pytest.mark.parametrize(
+    "cls", [G.IfRaise, G.IfNotRaise, G.Asserts, G.TorchAssert, G.FormattedMessage], ids=lambda c: c.__name__
+)
+def test_same_exception_message_and_effects(cls):
+    reference, compiled, backend = mended(cls)
+    report = compiled.report
+    assert [o.status for o in report.outcomes if o.category == "VG"] == ["applied"], report.outcomes
+    bad = BAD.clone()
+    if cls in (G.Asserts,):
+        bad[0, 0] = float("inf")
+    for x in (GOOD, bad, GOOD):
+        eager = run(reference, x)
+        got = run(compiled, x)
+        assert got.effects() == eager.effects(), (cls.__name__, x)
+        if eager.exception is None:
+            assert torch.equal(eager.output, got.output)
+    assert eager.exception is None and run(reference, bad).exception is not None
+    assert len(backend.graphs) == 1
+
+
+def test_effects_before_the_check_happen_and_after_do_not():
+    reference, compiled, _ = mended(G.IfRaise)
+    eager = run(reference, BAD)
+    got = run(compiled, BAD)
+    assert eager.exception == ("ValueError", "too negative")
+    assert "before the check" in eager.stdout and "after the check" not in eager.stdout
+    assert eager.records == []
+    assert got.effects() == eager.effects()
+
+
+def test_assert_type_is_restored_where_dynamo_alone_changes_it():
+    reference = G.Asserts()
+    bad = GOOD.clone()
+    bad[1, 1] = float("nan")
+    plain = torch.compile(copy.deepcopy(reference), backend=CountingBackend())
+    assert run(plain, bad).exception[0] == "RuntimeError"  # what torch.compile alone does
+    _, compiled, _ = mended(G.Asserts)
+    assert run(compiled, bad).exception == ("AssertionError", "must be finite")
+
+
+def test_formatted_message_uses_values_at_the_check():
+    reference, compiled, _ = mended(G.FormattedMessage)
+    eager = run(reference, BAD)
+    assert eager.exception == ("ModelError", "min was -2000.0 over 8 values")
+    assert run(compiled, BAD).exception == eager.exception
+
+
+def test_molformer_mask_guard_every_layer_to_one_graph():
+    h = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    good_mask = torch.ones(2, 3)
+    model = G.MaskModel()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(h, good_mask))
+    report = compiled.report
+    assert report.before.breaks >= 1 and report.before.sites[0].category == "VG"
+    assert all(o.status == "applied" for o in report.outcomes if o.category == "VG")
+    assert report.after.graphs == 1
+    assert run(compiled, h, good_mask).output is not None and len(backend.graphs) == 1
+    assert torch.equal(run(reference, h, good_mask).output, run(compiled, h, good_mask).output)
+    bad_mask = good_mask.clone()
+    bad_mask[1, 2] = 0
+    wrong_shape = torch.ones(2, 1)  # broadcasts against ones_like: must still be unequal
+    for mask in (bad_mask, wrong_shape):
+        eager = run(reference, h, mask)
+        assert eager.exception == ("ValueError", "MoLFormer-style layers need an all-ones attention mask")
+        assert run(compiled, h, mask).effects() == eager.effects()
+
+
+DECLINES = [
+    (G.InTry, "inside a try block"),
+    (G.RichException, "defines __init__"),
+    (G.MutatesAfter, "state changes after the check"),
+]
+
+
+@pytest.mark.parametrize("cls,reason", DECLINES, ids=[d[0].__name__ for d in DECLINES])
+def test_declines_keep_behaviour(cls, reason):
+    model = cls()
+    reference = copy.deepcopy(model)
+    report = graphmend.mend(model, GOOD)
+    vg = [o for o in report.outcomes if o.category == "VG"]
+    assert vg and vg[0].status == "declined" and reason in vg[0].reason, report.outcomes
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    for x in (GOOD, BAD, GOOD):
+        assert run(model, x).effects() == run(reference, x).effects()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+def test_analysis_does_not_touch_the_users_model():
+    model = G.MutatesAfter()
+    graphmend.mend(model, GOOD)  # eager, traced and verification runs: all on copies
+    assert float(model.seen) == 0.0
+
+
+def test_demo_validation_guard_raises_the_same_error_compiled():
+    from graphmend.models import demo
+
+    model, args, _ = demo.build()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=args)
+    assert all(o.status == "applied" for o in compiled.report.outcomes if o.category in ("VG", "DC", "LC"))
+    bad = args[0].clone()
+    bad[0, 0] = 1e5
+    eager = run(reference, bad)
+    assert eager.exception == ("ValueError", "demo: input values must stay within +-1e4")
+    assert run(compiled, bad).effects() == eager.effects()
+    good = run(compiled, *args)
+    assert good.exception is None and torch.equal(good.output, run(reference, *args).output)
+
+
+def test_guard_inside_a_data_dependent_branch_fires_only_on_its_path():
+    reference, compiled, backend = mended(G.GuardInBranch)
+    statuses = {o.category: o.status for o in compiled.report.outcomes}
+    assert statuses == {"VG": "applied", "DC": "applied"}, compiled.report.outcomes
+    big_positive = GOOD.abs() + 1
+    big_positive[0, 0] = 500.0  # branch taken, check fails
+    big_negative = -(GOOD.abs() + 100)
+    big_negative[0, 0] = 500.0  # sum < 0: branch (and check) not taken
+    for x in (GOOD, big_positive, big_negative, GOOD):
+        eager = run(reference, x)
+        got = run(compiled, x)
+        assert got.effects() == eager.effects()
+        if eager.exception is None:
+            assert torch.equal(eager.output, got.output)
+    assert run(reference, big_positive).exception == ("ValueError", "too large on the positive path")
+    assert run(reference, big_negative).exception is None
+    assert len(backend.graphs) == 1
+
+
+LOOPS = os.path.join(FIXTURES, "trap_loops.py")
+
+
+def _trap_outcome(factory):
+    from graphmend.models.targets import load_target
+    from graphmend.pipeline import mend_target
+    from graphmend.rewrite.verify import quiet
+
+    with quiet():
+        report, mending = mend_target(load_target(f"{LOOPS}:{factory}"))
+    mending.undo()
+    [site] = [o for o in report.outcomes if o.rule == "trap"]
+    return site
+
+
+def test_continuation_through_enumerate_and_a_nested_wrapper_is_resolved():
+    # layer(h) through `for i, layer in enumerate(self.layers)` and a nested
+    # `wrap(module)` closure; another module's `layers` (state-changing) is
+    # not what Stack.forward runs.
+    site = _trap_outcome("build_plain")
+    assert site.status == "applied", site.reason
+
+
+def test_a_state_changing_layer_reached_that_way_declines():
+    site = _trap_outcome("build_counting")
+    assert site.status == "declined"
+    assert "self.calls" in site.reason
+
+
+# -- across files --------------------------------------------------------------
+# [Trap] across files (issue 21): a check in a child module class whose parent
+# class lives in another file is trapped as when both share one file, and the
+# parents' code after the call is still checked for state changes.
+
+LAYOUTS = {"one_file": one, "two_files": two}
+FILES_GOOD = torch.rand(2, 4, generator=torch.Generator().manual_seed(0))
+FILES_NEGATIVE = FILES_GOOD - 1.0
+FILES_NAN = FILES_GOOD.clone().index_fill_(1, torch.tensor([2]), float("nan"))
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="nn.DataParallel takes every GPU there")
+
+
+def _compiled(model):
+    """(eager results on FILES_GOOD, _NEGATIVE and _NAN, the eager model after them), the compiled model, its backend."""
+    eager = copy.deepcopy(model)
+    expected = [run(eager, x.clone()) for x in (FILES_GOOD, FILES_NEGATIVE, FILES_NAN)]  # before mending patches the classes
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(FILES_GOOD.clone(),))
+    return expected, eager, compiled, backend
+
+
+def _traps(report):
+    return [(o.status, o.reason) for o in report.outcomes if o.rule == "trap"]
+
+
+def _same(got, expected):
+    assert got.effects() == expected.effects()
+    if expected.exception is None:
+        torch.testing.assert_close(got.output, expected.output, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["Parent", "AliasParent"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_parent_in_another_file_is_trapped_as_in_one_file(layout, name):
+    torch.manual_seed(0)
+    model = getattr(LAYOUTS[layout], name)()
+    expected, _, compiled, backend = _compiled(model)
+    report = compiled.report
+    assert [status for status, _ in _traps(report)] == ["applied"], report.outcomes
+    assert (report.before.graphs, report.after.graphs) == (4, 1)
+    got = [run(compiled, x.clone()) for x in (FILES_GOOD, FILES_NEGATIVE, FILES_NAN)]
+    for g, e in zip(got, expected):
+        _same(g, e)
+    assert expected[1].exception == ("ValueError", "negative") and expected[2].exception is None
+    assert len(backend.graphs) == 1
+
+
+@pytest.mark.parametrize(
+    "name, change, buffer",
+    [
+        ("UpdatingParent", "self.seen.add_", "seen"),  # in the parent, after the call
+        ("ViaCounting", "self.calls.add_", "wrap.inner.calls"),  # in a module between the parent and the check
+        ("TwoPaths", "self.seen.add_", "seen"),  # after the shorter of two chains to the check
+    ],
+)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_state_change_after_the_call_still_declines(layout, name, change, buffer):
+    torch.manual_seed(0)
+    model = getattr(LAYOUTS[layout], name)()
+    expected, eager, compiled, _ = _compiled(model)
+    traps = _traps(compiled.report)
+    assert [status for status, _ in traps] == ["declined"], traps
+    assert change in traps[0][1] and "state changes after the check" in traps[0][1], traps
+    for x, e in zip((FILES_GOOD, FILES_NEGATIVE, FILES_NAN), expected):
+        _same(run(compiled, x.clone()), e)
+    torch.testing.assert_close(model.get_buffer(buffer), eager.get_buffer(buffer), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_call_inside_a_callers_try_declines(layout):
+    """Eager, the parent's handler catches the child's ValueError; a raise
+    deferred to the end of the call would escape it."""
+    torch.manual_seed(0)
+    model = LAYOUTS[layout].CatchingParent()
+    expected, _, compiled, _ = _compiled(model)
+    traps = _traps(compiled.report)
+    assert [status for status, _ in traps] == ["declined"] and "a caller's call is inside a try block" in traps[0][1]
+    assert expected[1].exception is None and not expected[1].output.any()
+    for x, e in zip((FILES_GOOD, FILES_NEGATIVE, FILES_NAN), expected):
+        _same(run(compiled, x.clone()), e)
+
+
+def test_break_chains_keep_every_caller_frame():
+    """Dynamo's report folds adjacent frames of one name (every inlined
+    ``forward``) and starts with the stack above the compiled call; discovery
+    keeps each caller and drops that stack."""
+    from graphmend.discover.trace import is_library_internal, trace_breaks
+
+    trace = trace_breaks(two.ViaCounting(), (FILES_GOOD.clone(),))
+    here = os.path.dirname(blocks.__file__)
+    want = [("model.py", two.ViaCounting.forward), ("blocks.py", blocks.Wrap.forward),
+            ("blocks.py", blocks.Counting.forward), ("blocks.py", blocks.Child.forward)]
+    lines = [(file, fn.__code__.co_firstlineno) for file, fn in want]
+    assert trace.events
+    for event in trace.events:
+        frames = [f for f in event.frames if not is_library_internal(f.file)]
+        assert all(os.path.dirname(f.file) == here for f in frames), frames
+        assert [(os.path.basename(f.file), f.function) for f in frames] == [(file, "forward") for file, _ in want]
+        assert all(f.line > line for f, (_, line) in zip(frames, lines)), frames
+
+
+@CPU_ONLY
+def test_dataparallel_is_a_transparent_caller():
+    """``nn.DataParallel`` with no device (CPU) returns ``self.module(...)``:
+    nothing of it runs after the call (chains._transparent_inner)."""
+    torch.manual_seed(0)
+    model = torch.nn.DataParallel(two.Parent())
+    assert model.device_ids == []
+    expected, _, compiled, backend = _compiled(model)
+    report = compiled.report
+    assert [status for status, _ in _traps(report)] == ["applied"], report.outcomes
+    assert (report.before.graphs, report.after.graphs) == (4, 1)
+    for x, e in zip((FILES_GOOD, FILES_NEGATIVE, FILES_NAN), expected):
+        _same(run(compiled, x.clone()), e)
+
+
+@CPU_ONLY
+def test_dataparallel_still_checks_the_wrapped_parent():
+    torch.manual_seed(0)
+    model = torch.nn.DataParallel(two.UpdatingParent())
+    expected, eager, compiled, _ = _compiled(model)
+    traps = _traps(compiled.report)
+    assert [status for status, _ in traps] == ["declined"] and "self.seen.add_" in traps[0][1], traps
+    for x, e in zip((FILES_GOOD, FILES_NEGATIVE, FILES_NAN), expected):
+        _same(run(compiled, x.clone()), e)
+    torch.testing.assert_close(model.module.seen, eager.module.seen, rtol=0, atol=0, equal_nan=True)
+
+
+@CPU_ONLY
+def test_only_a_one_device_dataparallel_is_transparent():
+    from graphmend.discover.chains import entry_keys
+
+    inner = entry_keys(two.Parent())
+    assert inner <= entry_keys(torch.nn.DataParallel(two.Parent()))
+    several = torch.nn.DataParallel(two.Parent())
+    several.device_ids = [0, 1]  # replicas in threads, then gather: not a plain call
+    assert not inner & entry_keys(several)
+
+    class Custom(torch.nn.DataParallel):  # its forward may do anything after the call
+        pass
+
+    assert not inner & entry_keys(Custom(two.Parent()))
+
+
+def test_distributed_data_parallel_traps_unless_it_broadcasts_buffers_after_the_forward(tmp_path):
+    """graphmend.compile mends the module DDP wraps: what DDP's ``_post_forward`` does after
+    the call is bookkeeping for the next backward, which the next forward starts over
+    (tests/test_ddp.py trains on after a failed call, bit-identically). A buffer hook placed
+    after the forward broadcasts buffers there: [Trap] is off for that DDP, with a warning."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _allreduce_fut
+    from torch.nn.parallel.distributed import _BufferCommHookLocation
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(two.UpdatingParent())
+        compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(FILES_GOOD.clone(),))
+        assert [status for status, _ in _traps(compiled.report)] == ["declined"]  # the buffer update
+        graphmend.unmend()
+        model = torch.nn.parallel.DistributedDataParallel(two.Parent())
+        compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(FILES_GOOD.clone(),))
+        assert [status for status, _ in _traps(compiled.report)] == ["applied"]
+        graphmend.unmend()
+        model = torch.nn.parallel.DistributedDataParallel(two.UpdatingParent())
+
+        def broadcast(state, buffers):
+            return [_allreduce_fut(None, b) for b in buffers]
+
+        model._register_buffer_comm_hook(None, broadcast, comm_hook_location=_BufferCommHookLocation.POST_FORWARD)
+        with pytest.warns(RuntimeWarning, match=r"\[Trap\] is off for this DistributedDataParallel"):
+            compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(FILES_GOOD.clone(),))
+        traps = _traps(compiled.report)
+        assert [status for status, _ in traps] == ["declined"] and "rule 'trap' is not enabled" in traps[0][1]
+    finally:
+        dist.destroy_process_group()
+
+
+# -- fuzz regressions ----------------------------------------------------------
+# Bugs the differential fuzzer (tests/fuzz) found in [Trap], each as the smallest
+# program that shows it; each asserts the behaviour the original has.
+
+
+class TrapThenError(nn.Module):
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return x + int(x.sum().item())
+
+
+def test_trapped_check_wins_over_a_later_error_under_graphmend_compile():
+    model = TrapThenError()
+    x = torch.tensor([-1.0, float("nan")])
+    expected = run(copy.deepcopy(model), x)
+    assert expected.exception == ("ValueError", "negative input")
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2),))
+    assert ("trap", "applied") in [(o.rule, o.status) for o in compiled.report.outcomes]
+    got = run(compiled, x)
+    assert got.exception == expected.exception
+    assert got.warnings == expected.warnings
+
+
+class CountingBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def forward(self, h):
+        self.count += 1
+        return h
+
+
+class CheckThenLoop(nn.Module):
+    """Found by the fuzzer: the [Trap] continuation scan skipped calls of a loop
+    variable (`layer(x)`), so blocks updated their state before the trapped
+    check raised."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([CountingBlock() for _ in range(2)])
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+class CheckInHelperThenLoop(CheckThenLoop):
+    def check(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        return x
+
+    def forward(self, x):
+        x = self.check(x)
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("cls", [CheckThenLoop, CheckInHelperThenLoop], ids=lambda c: c.__name__)
+def test_a_check_followed_by_stateful_blocks_in_a_loop_keeps_state(cls):
+    model = cls()
+    expected_model = copy.deepcopy(model)
+    x = torch.tensor([1.0, -1.0])
+    expected = run(expected_model, x)
+    assert expected.exception == ("ValueError", "negative")
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2),))
+    (trap,) = [o for o in compiled.report.outcomes if o.rule == "trap"] or [compiled.report.outcomes]
+    assert trap.status == "declined" and "self.count" in trap.reason
+    got = run(compiled, x)
+    assert got.exception == expected.exception
+    assert [b.count for b in model.blocks] == [b.count for b in expected_model.blocks] == [0, 0]
+
+
+def _scaled(x):
+    def double(t):
+        return t * 2
+
+    return double(x)
+
+
+class CheckThenNestedHelper(nn.Module):
+    """The loop-variable fix must still accept a nested helper function (as in
+    grounding-dino's get_sine_pos_embed): its body is scanned with its parent."""
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative")
+        return _scaled(x)
+
+
+def test_a_check_followed_by_a_nested_pure_helper_is_trapped():
+    report = graphmend.mend(CheckThenNestedHelper(), torch.ones(2))
+    assert [(o.rule, o.status) for o in report.outcomes] == [("trap", "applied")], report.outcomes
+
+
+class LoudBlock(nn.Module):
+    def forward(self, h):
+        if h.sum() > 100:
+            print("loud", h.sum())
+        return h
+
+
+class CheckThenLoudBlock(nn.Module):
+    """A trapped check, then a callee whose print the example did not reach:
+    eager raises before printing; so must the mended program."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = LoudBlock()
+
+    def forward(self, x):
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return self.block(x)
+
+
+def test_a_set_trap_raises_before_an_effect_that_was_not_deferred():
+    model = CheckThenLoudBlock()
+    bad = torch.tensor([-1.0, 500.0])
+    expected = run(copy.deepcopy(model), bad)
+    assert expected.exception == ("ValueError", "negative input") and expected.stdout == ""
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2),))
+    assert ("trap", "applied") in [(o.rule, o.status) for o in compiled.report.outcomes], compiled.report.outcomes
+    got = run(compiled, bad)
+    assert (got.exception, got.stdout) == (expected.exception, expected.stdout)
+    fine = torch.tensor([1.0, 500.0])
+    assert run(compiled, fine).stdout == run(copy.deepcopy(model), fine).stdout == "loud tensor(501.)\n"
+
+
+def _in_region(fn, *args):
+    with graphmend.runtime.region():
+        return fn(*args)
+
+
+def test_a_check_reported_without_its_callers_still_sees_their_state_changes():
+    from fixtures.trap_callers import UpdatesAfterBlocks
+
+    model = UpdatesAfterBlocks()
+    example = torch.ones(2, 4)
+    sites = graphmend.explain(copy.deepcopy(model), example).sites
+    assert [len(s.frames) for s in sites] == [3, 1]  # Dynamo's report: the second without callers
+    bad = example.clone()
+    bad[0, 1] = float("inf")
+    eager, mended = copy.deepcopy(model), copy.deepcopy(model)
+    expected = run(eager, bad)  # before mending: mending patches the class's functions
+    report = graphmend.mend(mended, example)
+    traps = [(o.status, o.reason) for o in report.outcomes if o.rule == "trap"]
+    assert [status for status, _ in traps] == ["declined", "declined"], traps
+    assert all("self.buf.copy_" in reason for _, reason in traps), traps
+    got = run(lambda t: _in_region(mended, t), bad)
+    assert expected.exception == ("AssertionError", "value out of range")
+    assert got.exception == expected.exception
+    assert torch.equal(mended.buf, eager.buf) and not eager.buf.any()
+
+
+def test_callers_unknown_declines_the_check():
+    import fixtures.trap_callers as fixture
+    from fixtures.trap_callers import Block, UpdatesAfterBlocks
+
+    from graphmend.discover.chains import complete
+    from graphmend.discover.trace import Frame
+
+    here = fixture.__file__
+    line = Block._helper.__code__.co_firstlineno + 3  # the assert
+    alone = (Frame(here, line, "_helper", ""),)
+    forward = UpdatesAfterBlocks.forward.__code__.co_firstlineno
+    entry = {(here, forward)}
+    assert complete(alone, [], entry) == []  # nobody seen calling it: the rule must decline
+    via = (Frame(here, forward + 3, "forward", ""), Frame(here, line - 2, "_helper", ""))
+    assert complete(alone, [via], entry) == [via[:1] + alone]
+
+
+def test_a_set_trap_raises_before_a_model_effect_but_not_inside_the_compiler():
+    """Found by the fuzzer (seed 4): AOTAutograd warned while compiling a later
+    frame, the watch performed the pending records, and the set trap raised
+    inside the compiler (InternalTorchDynamoError instead of the check's error)."""
+    rt = graphmend.runtime
+    site = ("graphmend.tests", 1, "forward")
+    with warnings.catch_warnings(record=True) as shown, pytest.raises(ValueError, match="bad values"):
+        warnings.simplefilter("always")
+        with rt.region():
+            rt.trap(site, torch.tensor(True), ValueError, ("bad values",))
+            # what Dynamo holds, on its own thread, while it compiles a frame (AOTAutograd and the backend too)
+            with torch._guards.compile_context(torch._guards.CompileContext(None)):
+                warnings.warn("torch's own, while compiling")
+            assert [str(w.message) for w in shown] == ["torch's own, while compiling"]
+            warnings.warn("the model's, after the check")  # eager would have raised before it
+    assert [str(w.message) for w in shown] == ["torch's own, while compiling"]
+
+
+# -- golden table --------------------------------------------------------------
+# What [Trap] makes of small sources (tests/rules/golden.py): the site is
+# marked `# <-`; each case expects exactly the function after the rewrite, or
+# exactly the reason it declines. Source level only: milliseconds a case.
+# `# <- caller` marks the caller's line of the chain the scan follows.
+
+GOLDEN = [
+    golden.case(
+        "if-raise",
+        """
+        def f(x):
+            if (x < 0).any():  # <-
+                raise ValueError("negative input")
+            return x * 2
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 2, 'f'), _gm_c0, ValueError, ('negative input',))
+            elif _gm_c0:
+                raise ValueError('negative input')
+            return x * 2
+        """,
+    ),
+    golden.case(
+        "if-not-raise-with-a-message-that-needs-item",
+        """
+        def f(x):
+            if not torch.isfinite(x).all():  # <-
+                raise ValueError(f"sum was {x.sum().item()}")
+            return x * 2
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = torch.isfinite(x).all()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), ValueError, (__graphmend_rt__.fstr('sum was ', (__graphmend_rt__.lazy('item', x.sum()), None, None)),))
+            elif not _gm_c0:
+                raise ValueError(f'sum was {x.sum().item()}')
+            return x * 2
+        """,
+    ),
+    golden.case(
+        "torch-equal",
+        """
+        def f(mask, expected):
+            if not torch.equal(mask, expected):  # <-
+                raise ValueError("bad mask")
+            return mask
+        """,
+        rewritten="""
+        def f(mask, expected):
+            _gm_c0 = __graphmend_rt__.equal(mask, expected)
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), ValueError, ('bad mask',))
+            elif not _gm_c0:
+                raise ValueError('bad mask')
+            return mask
+        """,
+    ),
+    golden.case(
+        "assert",
+        """
+        def f(x):
+            assert torch.isfinite(x).all(), "must be finite"  # <-
+            return x * 2
+        """,
+        rewritten="""
+        def f(x):
+            if __debug__:
+                _gm_c0 = torch.isfinite(x).all()
+                if __graphmend_rt__.trappable(_gm_c0):
+                    __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, ('must be finite',))
+                else:
+                    assert _gm_c0, 'must be finite'
+            return x * 2
+        """,
+    ),
+    golden.case(
+        "torch-assert",
+        """
+        def f(x):
+            torch._assert((x > 0).all(), "positive")  # <-
+            return x * 2
+        """,
+        rewritten="""
+        def f(x):
+            if __debug__:
+                _gm_c0 = (x > 0).all()
+                if __graphmend_rt__.trappable(_gm_c0):
+                    __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, ('positive',))
+                else:
+                    torch._assert(_gm_c0, 'positive')
+            return x * 2
+        """,
+    ),
+    golden.case(
+        "state-change-of-a-fresh-local-and-a-print-after",
+        """
+        def f(x):
+            y = x * 2
+            if (y < 0).any():  # <-
+                raise ValueError("negative")
+            y.mul_(2)
+            print("checked", y)
+            return y
+        """,
+        rewritten="""
+        def f(x):
+            y = x * 2
+            _gm_c0 = (y < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 3, 'f'), _gm_c0, ValueError, ('negative',))
+            elif _gm_c0:
+                raise ValueError('negative')
+            y.mul_(2)
+            print('checked', y)
+            return y
+        """,
+    ),
+    golden.case(
+        "stateless-module-after",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                return self.lin(x)
+        """,
+        rewritten="""
+        def forward(self, x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 7, 'forward'), _gm_c0, ValueError, ('negative',))
+            elif _gm_c0:
+                raise ValueError('negative')
+            return self.lin(x)
+        """,
+    ),
+    golden.case(
+        "not-a-check",
+        """
+        def f(x):
+            if (x < 0).any():  # <-
+                print("negative")
+                raise ValueError("negative")
+            return x
+        """,
+        declined="the if does not hold exactly one raise (and no else)",
+    ),
+    golden.case(
+        "inside-a-try",
+        """
+        def f(x):
+            try:
+                if (x < 0).any():  # <-
+                    raise ValueError("negative input")
+            except ValueError:
+                x = x.abs()
+            return x
+        """,
+        declined="the check is inside a try block of the same function (a handler could catch it)",
+    ),
+    golden.case(
+        "a-callers-call-inside-a-try",
+        """
+        class Model(nn.Module):
+            def check(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                return x
+
+            def forward(self, x):
+                try:
+                    x = self.check(x)  # <- caller
+                except ValueError:
+                    x = x.abs()
+                return x
+        """,
+        declined=(
+            "a caller's call is inside a try block (`forward`, line 9): a handler could catch the "
+            "exception, which would now be raised after the call"
+        ),
+    ),
+    golden.case(
+        "exception-class-defines-init",
+        """
+        class RichError(Exception):
+            def __init__(self, value):
+                super().__init__(f"bad {value}")
+
+
+        def f(x):
+            if (x < 0).any():  # <-
+                raise RichError(1)
+            return x
+        """,
+        declined="RichError defines __init__: it may not be re-created from its arguments",
+    ),
+    golden.case(
+        "not-provably-an-exception-class",
+        """
+        def f(x):
+            if (x < 0).any():  # <-
+                raise make_error()
+            return x
+        """,
+        declined="`make_error` is not provably an exception class",
+    ),
+    golden.case(
+        "raise-from-a-cause",
+        """
+        def f(x, err):
+            if (x < 0).any():  # <-
+                raise ValueError("negative") from err
+            return x
+        """,
+        declined="`raise ... from <cause>`: the cause is not re-created",
+    ),
+    golden.case(
+        "exception-built-with-keywords",
+        """
+        def f(x):
+            if (x < 0).any():  # <-
+                raise ValueError(code=3)
+            return x
+        """,
+        declined="the exception is built with keywords or *args",
+    ),
+    golden.case(
+        "message-may-raise",
+        """
+        def f(x, items):
+            if (x < 0).any():  # <-
+                raise ValueError(f"bad {items[3]}")
+            return x
+        """,
+        declined="the message: indexing can go out of range on the path not taken",
+    ),
+    golden.case(
+        "in-place-op-after",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("seen", torch.zeros(()))
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                self.seen.add_(1)
+                return x
+        """,
+        declined=(
+            "state changes after the check would now happen before it raises: `self.seen.add_(...)` (line 9)"
+        ),
+    ),
+    golden.case(
+        "in-place-op-on-a-later-iteration",
+        """
+        def f(x):
+            for i in range(3):
+                x.mul_(2)
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+            return x
+        """,
+        declined="state changes after the check would now happen before it raises: `x.mul_(...)` (line 3)",
+    ),
+    golden.case(
+        "module-with-state-after",
+        """
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1
+                return x
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList([Counting(), Counting()])
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                for block in self.blocks:
+                    x = block(x)
+                return x
+        """,
+        declined=(
+            "state changes after the check would now happen before it raises: Counting.forward: "
+            "`self.calls = ...` (line 7)"
+        ),
+    ),
+    golden.case(
+        "state-change-in-a-caller-after-the-call",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def check(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                return x
+
+            def forward(self, x):
+                x = self.check(x)  # <- caller
+                self.calls += 1
+                return x
+        """,
+        declined=(
+            "state changes after the check would now happen before it raises: `self.calls = ...` (line 13)"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("source, expected", GOLDEN)
+def test_golden(source, expected):
+    assert golden.outcome("trap", source) == expected

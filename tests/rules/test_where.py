@@ -1,0 +1,675 @@
+"""[Where]: each form on inputs that take each branch, each decline reason,
+autograd, and `import torch as th`; the bugs the fuzzer found in it; its
+golden table (a source -> the exact rewrite, or the exact reason it declines)."""
+
+import copy
+
+import branches as B
+import golden
+import pytest
+import torch
+from conftest import fixture_program
+from effects_capture import CountingBackend, bits_equal
+
+import graphmend
+
+P, N = B.POSITIVE, B.NEGATIVE
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    graphmend.unmend()
+    torch._dynamo.reset()
+
+
+def check_form(cls, inputs, graphs=1, **example):
+    """Mend on the first input, call compiled on every input; each output must
+    equal the original eager output bit for bit, with no extra graph."""
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=inputs[0])
+    report = compiled.report
+    assert [o.status for o in report.outcomes if o.category == "DC"] == ["applied"], report.outcomes
+    for args in inputs:
+        with torch.no_grad():
+            expected = reference(*args)
+            got = compiled(*args)
+        assert bits_equal(expected, got)
+    assert len(backend.graphs) == graphs
+    return model, report
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [B.TwoAssign, B.Returns, B.Update, B.UpdateWithTemp, B.NotGuard, B.AliasedTorch],
+    ids=lambda c: c.__name__,
+)
+def test_form_on_both_branches(cls):
+    check_form(cls, [(P,), (N,), (P * 0.1,)])
+
+
+@pytest.mark.parametrize("cls", [B.ModuleCall, B.TwoModules], ids=lambda c: c.__name__)
+def test_branches_calling_modules_use_torch_cond(cls):
+    torch.manual_seed(0)
+    _, report = check_form(cls, [(P,), (N,), (P * 0.5,)])
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert "torch.cond" in dc.reason and "only the taken one runs" in dc.reason
+
+
+class _Counts:
+    """A plain object the model reaches only through a global."""
+
+    scale = 2.0
+    count = 0
+
+
+COUNTS = _Counts()
+
+
+class ObjectCountAfterCond(torch.nn.Module):
+    """`self.counts`, a plain object, is first met inside the branch (`self.counts.scale`); stored after."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.counts = _Counts()
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h) * self.counts.scale
+        self.counts.count += 1
+        return h
+
+
+class CountAfterCond(torch.nn.Module):
+    """`self` is first met inside the torch.cond branch (`self.lin`), then an attribute of it is stored."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.count = 0
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h)
+        self.count += 1
+        return h
+
+
+class HelperCountAfterCond(CountAfterCond):
+    """The store happens in a method called after the cond."""
+
+    def bump(self):
+        self.count += 1
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h)
+        self.bump()
+        return h
+
+
+class SetterCountAfterCond(CountAfterCond):
+    """A method forward never calls stores an attribute: it cannot run before the cond."""
+
+    def set_lin(self, lin):
+        self.lin = lin
+
+
+class GlobalCountAfterCond(torch.nn.Module):
+    """A global object first met inside the branch (`COUNTS.scale`), stored after."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() > 0:
+            h = self.lin(h) * COUNTS.scale
+        COUNTS.count += 1
+        return h
+
+
+def _counts(model):
+    return (getattr(model, "count", None), getattr(getattr(model, "counts", None), "count", None), COUNTS.count)
+
+
+@pytest.mark.parametrize(
+    "cls", [CountAfterCond, ObjectCountAfterCond, HelperCountAfterCond, SetterCountAfterCond, GlobalCountAfterCond], ids=lambda c: c.__name__
+)
+def test_attribute_stores_after_torch_cond_are_kept(cls):
+    """Found by the fuzzer (seed 10, d95b4b2cf4b0): Dynamo drops a later attribute store to an object
+    it first met inside a torch.cond branch; the rewrite shows it the branches' objects first."""
+    torch.manual_seed(0)
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    if cls is HelperCountAfterCond:  # a store in another method may run before the cond: declined
+        assert dc.status == "declined" and "`self.count` in HelperCountAfterCond.bump" in dc.reason, dc.reason
+    else:
+        assert dc.status == "applied" and "torch.cond" in dc.reason
+    for x in (P, N, P * 0.5):
+        COUNTS.count = 0
+        with torch.no_grad():
+            expected = reference(x)
+            want = _counts(reference)
+            COUNTS.count = 0
+            got = compiled(x)
+        assert bits_equal(expected, got)
+        assert _counts(model) == want
+    # Dynamo may recompile on the stored int, but every graph is the whole forward, cond included
+    if dc.status == "applied":
+        assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
+
+
+def test_or_guard_on_finite_inf_and_nan_inputs():
+    weird = P.clone()
+    weird[0, 0] = float("inf")
+    nan = P.clone()
+    nan[1, 2] = float("nan")
+    _, report = check_form(B.OrGuard, [(P,), (weird,), (nan,)])
+    assert any("predicated" in n for o in report.outcomes for n in o.notes)
+
+
+def test_fp16_guard_keeps_static_conjunct_and_is_exact_on_overflow():
+    normal = torch.full((2, 4), 3.0, dtype=torch.float16)
+    overflow = normal.clone()
+    overflow[0, 0] = 20000.0  # x4 overflows to inf
+    near = normal.clone()
+    near[1, 1] = 16300.0  # x4 = 65200: finite, above max - 1000, must NOT be clamped
+    _, report = check_form(B.Fp16Guard, [(overflow,), (normal,), (near,)])
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert any("static test `h.dtype == torch.float16`" in n for n in dc.notes)
+
+
+def test_fp32_input_of_fp16_guard_has_no_break_to_fix():
+    report = graphmend.explain(B.Fp16Guard(), P)
+    assert report.graphs == 1 and report.sites == []
+
+
+def test_condition_traced_through_local_assignment():
+    ids_short = torch.arange(4).reshape(1, 4)
+    ids_long = torch.arange(4).reshape(1, 4) + 10
+    check_form(B.TracedCondition, [(ids_long, P), (ids_short, P), (ids_long, N)])
+
+
+def test_buffer_updated_in_place_without_recompile():
+    model, report = check_form(B.BufferUpdate, [(P,), (N,), (P * 2,)])
+    buffer = model.running
+    reference = B.BufferUpdate()
+    with torch.no_grad():
+        for x in (P, N, P * 2):
+            reference(x)
+    assert bits_equal(model.running, reference.running)
+    assert model.running is buffer  # updated in place: same tensor object
+    assert "running" in dict(model.named_buffers())
+
+
+DECLINES = [
+    (B.Elif, "elif"),
+    (B.Loop, "while loop"),
+    (B.PrintInBranch, "statement other than a single-target assignment"),
+    (B.CustomModuleCall, "Counter, not a known stateless layer"),
+    (B.Indexing, "indexing"),
+    (B.OnePathOnly, "assigned on one path only and read after"),
+    (B.InPlace, "mutates its receiver"),
+    (B.PythonOr, "not all provably tensors"),
+]
+
+
+@pytest.mark.parametrize("cls,reason", DECLINES, ids=[d[0].__name__ for d in DECLINES])
+def test_declines_with_reason_and_keeps_behaviour(cls, reason):
+    model = cls()
+    with torch.no_grad():
+        expected = [model(P), model(N)]
+    report = graphmend.mend(model, P)
+    dc = [o for o in report.outcomes if o.category == "DC"]
+    assert dc and all(o.status == "declined" for o in dc), report.outcomes
+    assert any(reason in o.reason for o in dc), [o.reason for o in dc]
+    with torch.no_grad():
+        assert all(bits_equal(e, model(x)) for e, x in zip(expected, (P, N)))
+
+
+@pytest.mark.parametrize("x", [P, N], ids=["taken", "not-taken"])
+def test_grad_mode_keeps_original_gradients(x):
+    torch.manual_seed(0)
+    model = B.Grads()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(x,))
+    assert compiled.report.after.graphs == 1  # no_grad: predicated
+    loss = compiled(x)
+    loss.backward()
+    ref_loss = reference(x)
+    ref_loss.backward()
+    assert bits_equal(loss.detach(), ref_loss.detach())
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), name  # None stays None: no zero gradients
+        if p.grad is not None:
+            assert bits_equal(p.grad, q.grad), name
+
+
+def test_emitted_code_uses_the_real_torch_under_an_alias():
+    import branches_alias
+
+    weird = P.clone()
+    weird[0, 1] = float("-inf")
+    check_form(branches_alias.AliasedTorch, [(weird,), (P,)])
+    names = branches_alias.AliasedTorch.forward.__code__.co_names
+    assert branches_alias.torch == "not the torch module"
+    assert "__graphmend_rt__" in names and "torch" in names  # __graphmend_rt__.torch.where
+
+
+# -- fuzz regressions ----------------------------------------------------------
+# Bugs the differential fuzzer (tests/fuzz) found in [Where], as the programs it
+# made (tests/fixtures); test_attribute_stores_after_torch_cond_are_kept above
+# holds the small models.
+
+
+def test_attribute_stores_after_a_torch_cond_whose_branch_first_reaches_self_are_kept():
+    """Found by the fuzzer (seed 10): a tensor `if` calling `self.lin` became torch.cond; Dynamo met
+    `self` first inside the branch and dropped the later `self.count += 1` (count stayed 0 in the
+    counting and aot_eager arms). The rewrite now shows Dynamo the branches' objects first."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_cond_attribute_store.py"), seed=4998, start=0, aot=True)
+    assert result.status == "checked"
+    assert any(rule == "where" and status == "applied" and "torch.cond" in r for _, rule, status, r in result.outcomes)
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+def test_a_torch_cond_after_an_attribute_store_is_declined():
+    """Found by the fuzzer (seed 11): with `self.last = ...` before a torch.cond in the same compiled
+    frame, Dynamo (torch 2.13) dropped the `self.calls += 1` after it, however the branches reach
+    `self`. [Where] now declines torch.cond when an attribute store may run before it."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_cond_store_before.py"), seed=5, start=1, aot=True)
+    assert result.status == "checked"
+    reasons = [r for _, rule, status, r in result.outcomes if rule == "where" and status == "declined"]
+    assert len(reasons) == 2 and all("`self.last` may run before it" in r for r in reasons), result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+# -- golden table --------------------------------------------------------------
+# What [Where] makes of small sources (tests/rules/golden.py): the site is
+# marked `# <-`; each case expects exactly the function after the rewrite, or
+# exactly the reason it declines. Source level only: milliseconds a case.
+
+GOLDEN = [
+    golden.case(
+        "if-else-assigns-a-name",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            else:
+                y = x - 1
+            return y
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.sum() > 0
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = x * 2
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                elif _gm_c0:
+                    y = _gm_t0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x * 2
+            else:
+                y = x - 1
+            return y
+        """,
+    ),
+    golden.case(
+        "if-else-returns",
+        """
+        def f(x):
+            if x.mean() > 0:  # <-
+                return x + 1
+            else:
+                return x - 1
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.mean() > 0
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = x + 1
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    return torch.where(_gm_c0, _gm_t0, _gm_f0)
+                else:
+                    return _gm_t0 if _gm_c0 else _gm_f0
+            elif _gm_c0:
+                return x + 1
+            else:
+                return x - 1
+        """,
+    ),
+    golden.case(
+        "update-without-else",
+        """
+        def f(h):
+            if torch.isinf(h).any():  # <-
+                h = torch.clamp(h, -100.0, 100.0)
+            return h
+        """,
+        rewritten="""
+        def f(h):
+            _gm_c0 = torch.isinf(h).any()
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = torch.clamp(h, -100.0, 100.0)
+                if __graphmend_rt__.same_meta(_gm_t0, h):
+                    h = torch.where(_gm_c0, _gm_t0, h)
+                elif _gm_c0:
+                    h = _gm_t0
+            elif _gm_c0:
+                h = torch.clamp(h, -100.0, 100.0)
+            return h
+        """,
+    ),
+    golden.case(
+        "static-conjunct-stays-a-python-if",
+        """
+        def f(h):
+            if h.dtype == torch.float16 and torch.isinf(h).any():  # <-
+                h = torch.clamp(h, -100.0, 100.0)
+            return h
+        """,
+        rewritten="""
+        def f(h):
+            if h.dtype == torch.float16:
+                _gm_c0 = torch.isinf(h).any()
+                if __graphmend_rt__.predicable(_gm_c0):
+                    _gm_t0 = torch.clamp(h, -100.0, 100.0)
+                    if __graphmend_rt__.same_meta(_gm_t0, h):
+                        h = torch.where(_gm_c0, _gm_t0, h)
+                    elif _gm_c0:
+                        h = _gm_t0
+                elif _gm_c0:
+                    h = torch.clamp(h, -100.0, 100.0)
+            return h
+        """,
+    ),
+    golden.case(
+        "or-lowered-to-logical-or",
+        """
+        def f(x: torch.Tensor):
+            if x.sum() > 0 or (x > 10).any():  # <-
+                x = x * 0.5
+            return x
+        """,
+        rewritten="""
+        def f(x: torch.Tensor):
+            _gm_c0 = torch.logical_or(x.sum() > 0, (x > 10).any())
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = x * 0.5
+                if __graphmend_rt__.same_meta(_gm_t0, x):
+                    x = torch.where(_gm_c0, _gm_t0, x)
+                elif _gm_c0:
+                    x = _gm_t0
+            elif x.sum() > 0 or (x > 10).any():
+                x = x * 0.5
+            return x
+        """,
+    ),
+    golden.case(
+        "not-lowered-to-logical-not",
+        """
+        def f(h: torch.Tensor):
+            if not (h > 0).all():  # <-
+                h = h.abs()
+            return h * 2
+        """,
+        rewritten="""
+        def f(h: torch.Tensor):
+            _gm_c0 = torch.logical_not((h > 0).all())
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = h.abs()
+                if __graphmend_rt__.same_meta(_gm_t0, h):
+                    h = torch.where(_gm_c0, _gm_t0, h)
+                elif _gm_c0:
+                    h = _gm_t0
+            elif not (h > 0).all():
+                h = h.abs()
+            return h * 2
+        """,
+    ),
+    golden.case(
+        "buffer-store",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("running", torch.zeros(4))
+
+            def forward(self, x):
+                m = x.mean(0)
+                if m.sum() > 0:  # <-
+                    self.running = self.running * 0.9 + m * 0.1
+                return x - self.running
+        """,
+        rewritten="""
+        def forward(self, x):
+            m = x.mean(0)
+            _gm_c0 = m.sum() > 0
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = self.running * 0.9 + m * 0.1
+                if __graphmend_rt__.same_meta(_gm_t0, self.running):
+                    __graphmend_rt__.store(self, 'running', torch.where(_gm_c0, _gm_t0, self.running))
+                elif _gm_c0:
+                    self.running = _gm_t0
+            elif _gm_c0:
+                self.running = self.running * 0.9 + m * 0.1
+            return x - self.running
+        """,
+    ),
+    golden.case(
+        "module-call-in-torch-cond",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, h):
+                if h.mean() > 0:  # <-
+                    h = self.lin(h)
+                return h
+        """,
+        rewritten="""
+        def forward(self, h):
+            _gm_c0 = h.mean() > 0
+            if __graphmend_rt__.predicable(_gm_c0):
+
+                def _gm_true_branch0():
+                    _gm_t0 = self.lin(h)
+                    return (_gm_t0,)
+
+                def _gm_false_branch0():
+                    return (h.clone(),)
+                __graphmend_rt__.bind(h, self, getattr(self, 'lin', None))
+                h, = torch.cond(_gm_c0, _gm_true_branch0, _gm_false_branch0, ())
+            elif _gm_c0:
+                h = self.lin(h)
+            return h
+        """,
+    ),
+    golden.case(
+        "not-an-if",
+        """
+        def f(x):
+            y = x.sum() > 0  # <-
+            return y
+        """,
+        declined="the break is not at an if statement",
+    ),
+    golden.case(
+        "elif-chain",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            elif x.sum() < -1:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
+        declined="elif chains are not predicated",
+    ),
+    golden.case(
+        "while-loop",
+        """
+        def f(x):
+            while x.sum() > 0:  # <-
+                x = x - 1
+            return x
+        """,
+        declined="a while loop on a tensor value cannot be predicated",
+    ),
+    golden.case(
+        "statement-other-than-assignment",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                print(x)
+                x = x + 1
+            return x
+        """,
+        declined=(
+            "torch.where: a branch holds a statement other than a single-target assignment; torch.cond:"
+            " a branch holds a statement other than an assignment to a name"
+        ),
+    ),
+    golden.case(
+        "tuple-target",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                a, b = x, x
+            return x
+        """,
+        declined="assignment to `(a, b)` (only names and self.<attr> are predicated)",
+    ),
+    golden.case(
+        "indexing-may-raise-on-the-path-not-taken",
+        """
+        def f(x, i):
+            if x.sum() > 0:  # <-
+                x = x[i]
+            return x
+        """,
+        declined="`x = x[i]`: indexing can go out of range on the path not taken",
+    ),
+    golden.case(
+        "in-place-method",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                x = x.add_(1)
+            return x
+        """,
+        declined=(
+            "torch.where: `x = x.add_(1)`: `.add_` mutates its receiver; torch.cond: `.add_(...)` is "
+            "not a known pure method"
+        ),
+    ),
+    golden.case(
+        "assigned-on-one-path-only",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            return y
+        """,
+        declined="`y` is assigned on one path only and read after the if",
+    ),
+    golden.case(
+        "or-over-values-not-provably-tensors",
+        """
+        def f(x):
+            if x.sum() > 0 or (x > 10).any():  # <-
+                x = x * 0.5
+            return x
+        """,
+        declined="and/or/not over values not all provably tensors",
+    ),
+    golden.case(
+        "static-conjunct-after-a-tensor-one",
+        """
+        def f(x, flag):
+            if x.sum() > 0 and flag:  # <-
+                x = x * 2
+            return x
+        """,
+        declined="a static conjunct after a tensor conjunct would change evaluation order",
+    ),
+    golden.case(
+        "module-with-state",
+        """
+        class Counter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, h):
+                self.calls += 1
+                return h
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.counter = Counter()
+
+            def forward(self, h):
+                if h.mean() > 0:  # <-
+                    h = self.counter(h)
+                return h
+        """,
+        declined=(
+            "torch.where: `h = self.counter(h)`: `.counter(...)` is not a known pure tensor method; "
+            "torch.cond: `self.counter` contains Counter, not a known stateless layer"
+        ),
+    ),
+    golden.case(
+        "torch-cond-after-an-attribute-store",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+                self.last = None
+
+            def forward(self, h):
+                self.last = h
+                if h.mean() > 0:  # <-
+                    h = self.lin(h)
+                return h
+        """,
+        declined=(
+            "torch.where: `h = self.lin(h)`: `.lin(...)` is not a known pure tensor method; torch.cond:"
+            " `self.last` may run before it in the compiled frame, and Dynamo then drops attribute "
+            "stores made after a torch.cond (torch 2.13)"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("source, expected", GOLDEN)
+def test_golden(source, expected):
+    assert golden.outcome("where", source) == expected
