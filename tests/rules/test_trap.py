@@ -899,6 +899,45 @@ GOLDEN = [
             "state changes after the check would now happen before it raises: `self.calls = ...` (line 13)"
         ),
     ),
+    # A reduction with no identity element (amax, max, min, item) raises on an empty
+    # tensor: evaluated where the original did not, only of a name the test reduced whole
+    # or one a guard (runtime.nonempty) tests first.
+    golden.case(
+        "message-reduces-what-the-test-does-not",
+        """
+        def f(x):
+            if (x < 0).any():  # <-
+                raise ValueError(f"min was {x.min().item()}")
+            return x
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0) and __graphmend_rt__.nonempty(x):
+                __graphmend_rt__.trap(('golden_case', 2, 'f'), _gm_c0, ValueError, (__graphmend_rt__.fstr('min was ', (__graphmend_rt__.lazy('item', x.min()), None, None)),))
+            elif _gm_c0:
+                raise ValueError(f'min was {x.min().item()}')
+            return x
+        """,
+    ),
+    golden.case(
+        "message-reduces-what-the-test-reduced",
+        """
+        def f(x):
+            if x.max() > 10:  # <-
+                raise ValueError(f"max was {x.max().item()}")
+            return x
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.max() > 10
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 2, 'f'), _gm_c0, ValueError, (__graphmend_rt__.fstr('max was ', (__graphmend_rt__.lazy('item', x.max()), None, None)),))
+            elif _gm_c0:
+                raise ValueError(f'max was {x.max().item()}')
+            return x
+        """,
+    ),
 ]
 
 

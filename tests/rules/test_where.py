@@ -667,9 +667,116 @@ GOLDEN = [
             "stores made after a torch.cond (torch 2.13)"
         ),
     ),
+    # A reduction with no identity element (amax, max, min, item) raises on an empty
+    # tensor: evaluated where the original did not, only of a name the test reduced whole
+    # or one a guard (runtime.nonempty) tests first.
+    golden.case(
+        "reduction-on-the-path-not-taken",
+        """
+        def f(x):
+            if (x > 0).any():  # <-
+                m = x.amax()
+            else:
+                m = x.sum()
+            return m
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = (x > 0).any()
+            if __graphmend_rt__.predicable(_gm_c0) and __graphmend_rt__.nonempty(x):
+                _gm_t0 = x.amax()
+                _gm_f0 = x.sum()
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    m = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                elif _gm_c0:
+                    m = _gm_t0
+                else:
+                    m = _gm_f0
+            elif _gm_c0:
+                m = x.amax()
+            else:
+                m = x.sum()
+            return m
+        """,
+    ),
+    golden.case(
+        "reduction-of-a-name-the-test-reduced",
+        """
+        def f(h):
+            if h.amax() > 1.5:  # <-
+                scale = h.abs().amax()
+            else:
+                scale = h.sum()
+            return h / scale
+        """,
+        rewritten="""
+        def f(h):
+            _gm_c0 = h.amax() > 1.5
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = h.abs().amax()
+                _gm_f0 = h.sum()
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    scale = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                elif _gm_c0:
+                    scale = _gm_t0
+                else:
+                    scale = _gm_f0
+            elif _gm_c0:
+                scale = h.abs().amax()
+            else:
+                scale = h.sum()
+            return h / scale
+        """,
+    ),
+    golden.case(
+        "reduction-of-a-name-rebound-in-the-branch",
+        """
+        def f(h):
+            if h.amax() > 1.5:  # <-
+                h = h[1:]
+                scale = h.amax()
+            else:
+                scale = h.sum()
+            return scale
+        """,
+        declined='torch.where: `scale = h.amax()`: `.amax(...)` raises on an empty tensor, which the path not taken may hold; torch.cond: `h.amax()` raises on an empty tensor, and torch.cond traces the branch not taken on the shapes of the call',
+    ),
+    golden.case(
+        "reduction-in-a-later-operand-of-and",
+        """
+        def f(x):
+            if (x > 0).any() and x.max() > 2:  # <-
+                x = x * 2
+            return x
+        """,
+        declined='the test: `.max(...)` raises on an empty tensor, which the path not taken may hold',
+    ),
 ]
 
 
 @pytest.mark.parametrize("source, expected", GOLDEN)
 def test_golden(source, expected):
     assert golden.outcome("where", source) == expected
+
+
+def test_a_reduction_the_empty_input_never_reached_is_guarded():
+    """Found reading the purity lists: `amax` is pure but raises on an empty
+    tensor. Predicated, the positive inputs' branch reduced the empty input the
+    original sent down the other branch, and the compiled call raised. A guard
+    (`runtime.nonempty`, decided while tracing) now sends an empty tensor down
+    the original branch: every input as eager, no more graphs than torch.compile."""
+    empty = torch.empty(0, 4)
+    model = B.ReducesOnOnePath()
+    backend, plain = CountingBackend(), CountingBackend()
+    with torch.no_grad():
+        compiled = graphmend.compile(copy.deepcopy(model), backend=backend, example_inputs=(P,))
+        assert [(o.status, o.reason) for o in compiled.report.outcomes] == [
+            ("applied", "if/else predicated with torch.where (m; names)")
+        ]
+        for x in (P, N, empty):
+            assert bits_equal(compiled(x), model(x))
+        torch._dynamo.reset()
+        original = torch.compile(copy.deepcopy(model), backend=plain)
+        for x in (P, N, empty):
+            original(x)
+    assert len(backend.graphs) <= len(plain.graphs)

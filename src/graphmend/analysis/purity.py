@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -61,8 +62,10 @@ STATELESS_CONTAINERS = frozenset({"ModuleDict"})
 EMPTY_SAFE_LAYERS = frozenset(
     {"Linear", "Identity", "Dropout", "LayerNorm", "Embedding", "SiLU", "GELU", "ReLU", "Tanh", "Sigmoid", "Softmax"}
 )
-# Pure, but raise on an empty tensor (no identity element): the loop would now
-# run them on an index the filter dropped.
+# Reductions with no identity element: pure, but they raise on an empty tensor.
+# [Scalar]'s full loop would run them on an index the filter dropped, and an
+# expression on the path not taken may meet an empty tensor the taken path never
+# reduces ([Where]'s other branch, [Trap]'s message, every operand of and/or).
 RAISE_ON_EMPTY = frozenset({"max", "min", "amax", "amin", "argmax", "argmin", "item", "median", "mode", "kthvalue"})
 
 
@@ -89,14 +92,39 @@ def is_layer(module: Any, names: frozenset[str]) -> bool:
 # an expression on the path not taken
 
 
-def speculation_blockers(node: ast.AST, facts: FunctionFacts, bound: set[str]) -> list[str]:
-    """Reasons evaluating ``node`` speculatively could raise or have an effect."""
+@dataclass
+class Emptiness:
+    """What a reduction on the path not taken may meet: ``nonempty``, names
+    whose tensors hold an element there (``nonempty_names`` of a test evaluated
+    before, not bound since); ``guardable``, names a guard evaluated before the
+    speculated code can test (``runtime.nonempty``); ``needed``, the names of
+    ``guardable`` the expressions reduce, to guard."""
+
+    nonempty: frozenset[str] = frozenset()
+    guardable: frozenset[str] = frozenset()
+    needed: set[str] = field(default_factory=set)
+
+    def allows(self, name: str | None) -> bool:
+        if name in self.nonempty:
+            return True
+        if name is not None and name in self.guardable:
+            self.needed.add(name)
+            return True
+        return False
+
+
+def speculation_blockers(
+    node: ast.AST, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None
+) -> list[str]:
+    """Reasons evaluating ``node`` speculatively could raise or have an effect.
+    A reduction that raises on an empty tensor is one unless ``empty`` allows
+    its tensor (known non-empty, or guarded)."""
     reasons: list[str] = []
-    _spec(node, facts, bound, reasons)
+    _spec(node, facts, bound, reasons, empty or Emptiness())
     return reasons
 
 
-def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) -> None:
+def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], empty: Emptiness) -> None:
     if isinstance(node, ast.Constant):
         return
     if isinstance(node, ast.Name):
@@ -106,7 +134,7 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
             out.append(f"`{node.id}` is not defined")
         return
     if isinstance(node, ast.Attribute):
-        _spec(node.value, facts, bound, out)
+        _spec(node.value, facts, bound, out, empty)
         return
     if isinstance(node, (ast.BinOp,)):
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and not (
@@ -116,46 +144,46 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
             out.append("a division whose operands are not provably tensors can raise ZeroDivisionError")
         if isinstance(node.op, ast.MatMult):
             out.append("a matrix product can fail on shapes the taken path never multiplies")
-        _spec(node.left, facts, bound, out)
-        _spec(node.right, facts, bound, out)
+        _spec(node.left, facts, bound, out, empty)
+        _spec(node.right, facts, bound, out, empty)
         return
     if isinstance(node, ast.UnaryOp):
-        _spec(node.operand, facts, bound, out)
+        _spec(node.operand, facts, bound, out, empty)
         return
     if isinstance(node, ast.BoolOp):
         for v in node.values:
-            _spec(v, facts, bound, out)
+            _spec(v, facts, bound, out, empty)
         return
     if isinstance(node, ast.Compare):
-        _spec(node.left, facts, bound, out)
+        _spec(node.left, facts, bound, out, empty)
         for c in node.comparators:
-            _spec(c, facts, bound, out)
+            _spec(c, facts, bound, out, empty)
         return
     if isinstance(node, ast.IfExp):
         for part in (node.test, node.body, node.orelse):
-            _spec(part, facts, bound, out)
+            _spec(part, facts, bound, out, empty)
         return
     if isinstance(node, (ast.Tuple, ast.List)):
         for e in node.elts:
-            _spec(e, facts, bound, out)
+            _spec(e, facts, bound, out, empty)
         return
     if isinstance(node, ast.JoinedStr):
         for v in node.values:
             if isinstance(v, ast.FormattedValue):
-                _spec(v.value, facts, bound, out)
+                _spec(v.value, facts, bound, out, empty)
                 if v.format_spec is not None:
-                    _spec(v.format_spec, facts, bound, out)
+                    _spec(v.format_spec, facts, bound, out, empty)
         return
     if isinstance(node, ast.Subscript):
-        _spec(node.value, facts, bound, out)
+        _spec(node.value, facts, bound, out, empty)
         if not is_safe_index(node.slice):
             out.append("indexing can go out of range on the path not taken")
         return
     if isinstance(node, ast.Call):
         for a in node.args:
-            _spec(a.value if isinstance(a, ast.Starred) else a, facts, bound, out)
+            _spec(a.value if isinstance(a, ast.Starred) else a, facts, bound, out, empty)
         for k in node.keywords:
-            _spec(k.value, facts, bound, out)
+            _spec(k.value, facts, bound, out, empty)
         if (
             isinstance(node.func, ast.Attribute)
             and isinstance(node.func.value, ast.Name)
@@ -167,19 +195,104 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str]) 
         if fn is not None:
             if fn not in PURE_TORCH_FUNCTIONS:
                 out.append(f"torch.{fn} is not on the list of pure torch functions")
+            elif _raises_on_empty(fn, node.args[:1], node.args[1:], facts, empty):
+                out.append(f"torch.{fn} raises on an empty tensor, which the path not taken may hold")
             return
         if isinstance(node.func, ast.Attribute):
             if node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
                 out.append(f"`.{node.func.attr}` mutates its receiver")
             elif node.func.attr not in PURE_TENSOR_METHODS:
                 out.append(f"`.{node.func.attr}(...)` is not a known pure tensor method")
-            _spec(node.func.value, facts, bound, out)
+            elif _raises_on_empty(node.func.attr, [node.func.value], node.args, facts, empty):
+                out.append(f"`.{node.func.attr}(...)` raises on an empty tensor, which the path not taken may hold")
+            _spec(node.func.value, facts, bound, out, empty)
             return
         if isinstance(node.func, ast.Name) and node.func.id in PURE_BUILTINS and node.func.id not in facts.local_names and node.func.id not in facts.globals:
             return
         out.append(f"the call `{ast.unparse(node.func)}(...)` is not known to be pure and total")
         return
     out.append(f"`{type(node).__name__}` expressions are not speculated")
+
+
+def _raises_on_empty(
+    name: str, receiver: list[ast.expr], rest: list[ast.expr], facts: FunctionFacts, empty: Emptiness
+) -> bool:
+    """Whether ``name`` called on ``receiver`` with ``rest`` (the arguments after
+    it) is a reduction with no identity element (``amax``, ``x.max()``,
+    ``x.max(dim)``) that can meet an empty tensor: not when ``empty`` allows the
+    receiver's name (through elementwise methods), or for ``max``/``min`` of
+    two tensors (elementwise)."""
+    if name in ("max", "min") and rest and is_tensor_expr(rest[0], facts):
+        return False
+    return name in RAISE_ON_EMPTY and not (receiver and empty.allows(_same_numel_name(receiver[0])))
+
+
+def empty_reduction(call: ast.Call, facts: FunctionFacts, empty: Emptiness) -> bool:
+    """Whether ``call`` is a reduction that raises on an empty tensor, of a
+    tensor ``empty`` does not allow (``_raises_on_empty``)."""
+    fn = is_torch_attr(call.func, facts)
+    if fn is not None:
+        return _raises_on_empty(fn, call.args[:1], call.args[1:], facts, empty)
+    if isinstance(call.func, ast.Attribute):
+        return _raises_on_empty(call.func.attr, [call.func.value], call.args, facts, empty)
+    return False
+
+
+# Tensor methods whose result has as many elements as their receiver (constant arguments only).
+_SAME_NUMEL = frozenset(
+    """abs neg relu sigmoid tanh exp log sqrt rsqrt square reciprocal sign sin cos floor ceil round clamp
+    clamp_min clamp_max clip nan_to_num isnan isinf isfinite logical_not float double half bfloat16 bool int
+    long clone detach contiguous""".split()
+)
+
+
+def _same_numel_name(node: ast.expr) -> str | None:
+    """``h`` for ``h``, ``h.abs()``, ``h.float().clamp(0, 1)``...: the name whose
+    element count ``node`` has, or None."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _SAME_NUMEL
+        and all(isinstance(a, ast.Constant) or (isinstance(a, ast.UnaryOp) and isinstance(a.operand, ast.Constant))
+                for a in [*node.args, *(k.value for k in node.keywords)])
+    ):
+        node = node.func.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:
+    """Names whose tensor ``test`` proves to hold an element once it is
+    evaluated: it reduces them whole (``h.amax()``, ``h.abs().max()``,
+    ``torch.amax(h)``, ``h.item()``), which raises on an empty tensor. Only
+    parts always evaluated count (the first operand of and/or, not an ``if``
+    expression's branches)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.BoolOp):
+            visit(node.values[0])
+            return
+        if isinstance(node, ast.IfExp):
+            visit(node.test)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.Call) and not node.keywords:
+            fn = is_torch_attr(node.func, facts)
+            if fn is not None and fn in RAISE_ON_EMPTY and len(node.args) == 1:
+                receiver: ast.expr | None = node.args[0]
+            elif fn is None and isinstance(node.func, ast.Attribute) and node.func.attr in RAISE_ON_EMPTY and not node.args:
+                receiver = node.func.value
+            else:
+                receiver = None
+            name = _same_numel_name(receiver) if receiver is not None else None
+            if name is not None:
+                found.add(name)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(test)
+    return frozenset(found)
 
 
 # --------------------------------------------------------------------------

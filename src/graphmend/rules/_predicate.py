@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
+from graphmend.analysis.purity import Emptiness
 from graphmend.rules import Decline, RewriteContext
 
 
@@ -49,3 +50,13 @@ def lower(node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr
     if has_boolops(node):
         raise Decline("and/or nested inside another expression")
     return node
+
+
+def guard_nonempty(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) -> None:
+    """Append ``runtime.nonempty(name)`` to ``guards`` for each tensor the
+    speculated code reduces only when it holds an element (``empty.needed``):
+    an empty one takes the original branch instead."""
+    for name in sorted(empty.needed):
+        guard = ast.Call(func=ctx.runtime("nonempty"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
+        if not any(ast.dump(g) == ast.dump(guard) for g in guards):
+            guards.append(guard)

@@ -9,9 +9,14 @@ import ast
 import copy
 
 from graphmend.analysis.facts import FunctionFacts
-from graphmend.analysis.purity import function_impurities, speculation_blockers
+from graphmend.analysis.purity import (
+    Emptiness,
+    function_impurities,
+    speculation_blockers,
+)
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import assign_to, load_name, store_name
+from graphmend.rules._predicate import guard_nonempty
 
 
 class TrailingCallForm:
@@ -78,8 +83,10 @@ class TrailingCallForm:
                 plain_f.append(copy.deepcopy(b))
                 continue
             for value in (a, b):
-                for reason in speculation_blockers(value, facts, known):
+                empty = Emptiness(self._nonempty(stmt, facts) - set(written), frozenset(bound) - set(written))
+                for reason in speculation_blockers(value, facts, known, empty):
                     raise Decline(f"`{ast.unparse(value)}`: {reason}")
+                guard_nonempty(empty, ctx, guards)
             ta, tb = ctx.fresh("t"), ctx.fresh("f")
             body.append(assign_to(store_name(ta), copy.deepcopy(a)))
             body.append(assign_to(store_name(tb), copy.deepcopy(b)))

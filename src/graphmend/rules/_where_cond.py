@@ -9,6 +9,7 @@ import ast
 import copy
 
 from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
     Substitute,
@@ -17,6 +18,7 @@ from graphmend.rules._ast import (
     load_name,
     store_name,
 )
+from graphmend.rules._predicate import guard_nonempty
 
 
 class CondForm:
@@ -56,17 +58,27 @@ class CondForm:
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")
+        nonempty = self._nonempty(stmt, facts)
         for block in (stmt.body, stmt.orelse):
             known = set(bound)
+            assigned: set[str] = set()  # in this branch so far: no longer what the test reduced
             for node in block:
                 for name in sorted(n.id for n in ast.walk(node.value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)):  # type: ignore[attr-defined]
                     if name in facts.local_names and name not in known:
                         raise Decline(f"`{name}` may be unbound in a branch")
                 for call in (n for n in ast.walk(node.value) if isinstance(n, ast.Call)):  # type: ignore[attr-defined]
+                    empty = Emptiness(nonempty - assigned, frozenset(bound) - assigned)
+                    if empty_reduction(call, facts, empty):
+                        raise Decline(
+                            f"`{ast.unparse(call)}` raises on an empty tensor, and torch.cond traces the branch "
+                            "not taken on the shapes of the call"
+                        )
+                    guard_nonempty(empty, ctx, guards)
                     guard = self._pure_callee(call, facts, ctx)
                     if guard is not None:
                         guards.append(guard)
                 known.add(node.targets[0].id)  # type: ignore[attr-defined]
+                assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
         store = _attribute_store_before(stmt, ctx)
         if store is not None:
             raise Decline(

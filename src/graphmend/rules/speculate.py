@@ -30,10 +30,11 @@ speculating call, it is ``.item()``.
 - the statement is not ``name = <expr>.item()``;
 - running the call twice could be seen: code reachable from the model's
   entry changes state (attribute stores, in-place ops on anything but its own
-  fresh tensors, modules whose code does) or has an effect that is not
-  deferred (a print / warn / log no rule rewrote), or the scan cannot resolve
-  a call ([Trap]'s scan, strict). Branches taken only in training mode are
-  not scanned: a call speculates only when every module is in eval mode.
+  fresh tensors, modules whose code does), or the scan cannot resolve a call
+  ([Trap]'s scan, strict). A print / warn / log no rule rewrote is not a
+  reason: in a speculating call the runtime stops the run before it. Branches
+  taken only in training mode are not scanned: a call speculates only when
+  every module is in eval mode.
 
 ## Fix safety
 A call runs again only when a guess was wrong (or it raised while guessing:

@@ -37,7 +37,10 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
   to it inside a ``try`` of a caller (the handler could catch it);
 - the exception class cannot be re-created from its arguments (it overrides
   ``__init__`` or ``__new__``), or ``raise ... from <cause>``;
-- a message argument could raise or act when evaluated on every call;
+- a message argument could raise or act when evaluated on every call (a
+  reduction with no identity element, ``x.min()``, raises on an empty tensor:
+  guarded instead by ``runtime.nonempty(x)``, which sends an empty ``x`` to the
+  original check);
 - state changes follow the check in the forward (stores to attributes,
   in-place ops, cache updates, modules whose code does either): the original
   would have stopped before them, the compiled graph would not. A print to
@@ -58,9 +61,14 @@ import builtins
 import copy
 
 from graphmend.analysis.facts import FunctionFacts, bound_before
-from graphmend.analysis.purity import speculation_blockers
+from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
-from graphmend.rules._predicate import check_lowerable, has_boolops, lower
+from graphmend.rules._predicate import (
+    check_lowerable,
+    guard_nonempty,
+    has_boolops,
+    lower,
+)
 from graphmend.rules._state import StateScan, _own_attrs, inside_try
 from graphmend.rules.defer import Defer
 
@@ -93,13 +101,14 @@ class Trap(Rule):
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, negate = test.operand, not negate  # `not` is applied to the flag below
         if has_boolops(test):  # lowering evaluates every operand, not just the first
-            for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}):
+            for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}, Emptiness(nonempty_names(test, facts))):
                 raise Decline(f"the test: {reason}")
         check_lowerable(test, facts)
         tested = lower(test, facts, ctx)
         deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
+        empty = Emptiness(nonempty_names(test, facts), frozenset(bound))  # the message runs on every call
         for arg in deferred_args:
-            for reason in _deferred_blockers(arg, facts, bound):
+            for reason in _deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
         mutation = StateScan().after(stmt, ctx)
         if mutation:
@@ -114,10 +123,15 @@ class Trap(Rule):
             args=[site, flag, exc_node, ast.Tuple(elts=deferred_args, ctx=ast.Load())],
             keywords=[],
         )
+        guards: list[ast.expr] = []
+        guard_nonempty(empty, ctx, guards)  # an empty tensor the message reduces: the original check
+        check: ast.expr = ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
+        if guards:
+            check = ast.BoolOp(op=ast.And(), values=[check, *guards])
         out: list[ast.stmt] = [
             ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=tested),
             ast.If(
-                test=ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[]),
+                test=check,
                 body=[ast.Expr(value=trap_call)],
                 orelse=[self._original_on(stmt, name, negate)],
             ),
@@ -218,8 +232,9 @@ class _EqualToRuntime(ast.NodeTransformer):
         return node
 
 
-def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str]) -> list[str]:
-    """Blockers of the parts of a deferred message still evaluated in the graph."""
+def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None) -> list[str]:
+    """Blockers of the parts of a deferred message still evaluated in the graph
+    (on every call, after the test)."""
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -230,8 +245,8 @@ def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str]) ->
         for a in node.args:
             if isinstance(a, ast.Constant):
                 continue
-            out.extend(_deferred_blockers(a, facts, bound))
+            out.extend(_deferred_blockers(a, facts, bound, empty))
         return out
     if isinstance(node, ast.Tuple):
-        return [r for e in node.elts for r in _deferred_blockers(e, facts, bound)]
-    return speculation_blockers(node, facts, bound)
+        return [r for e in node.elts for r in _deferred_blockers(e, facts, bound, empty)]
+    return speculation_blockers(node, facts, bound, empty)

@@ -50,7 +50,12 @@ a branch would lose a later ``self.count += 1``).
   assignments (or a single ``return`` each), tuple targets;
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
-  methods, indexing that can go out of range, names unbound on that path;
+  methods, indexing that can go out of range, names unbound on that path, a
+  reduction with no identity element (``amax``, ``max``, ``.item()``, which
+  raise on an empty tensor; ``torch.cond`` traces the branch not taken on the
+  call's shapes too) of a tensor bound inside the branch. Of a tensor bound
+  before the ``if`` it is guarded instead (``runtime.nonempty``: an empty one
+  takes the original branch), unless the test reduced it whole already;
 - ``torch.cond`` when an attribute store (``x.a = ...``, ``+=``, ``setattr``)
   may run before it in the compiled frame: earlier in the function (anywhere
   in it inside a loop) or in the ``forward`` of one of the model's own module
@@ -71,7 +76,7 @@ import ast
 import copy
 
 from graphmend.analysis.facts import FunctionFacts, bound_before, is_tensor_expr
-from graphmend.analysis.purity import speculation_blockers
+from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._ast import (
     Substitute,
@@ -80,7 +85,12 @@ from graphmend.rules._ast import (
     load_name,
     store_name,
 )
-from graphmend.rules._predicate import check_lowerable, has_boolops, lower
+from graphmend.rules._predicate import (
+    check_lowerable,
+    guard_nonempty,
+    has_boolops,
+    lower,
+)
 from graphmend.rules._where_call import TrailingCallForm
 from graphmend.rules._where_cond import CondForm
 
@@ -110,7 +120,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         static, tensor_test = self._split_test(stmt.test, facts)
         bound = bound_before(ctx.fdef, stmt)
         if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
-            for reason in speculation_blockers(tensor_test, facts, bound):
+            for reason in speculation_blockers(tensor_test, facts, bound, Emptiness(nonempty_names(tensor_test, facts))):
                 raise Decline(f"the test: {reason}")
         check_lowerable(tensor_test, facts)
         lowered = lower(tensor_test, facts, ctx)
@@ -120,7 +130,7 @@ class Where(CondForm, TrailingCallForm, Rule):
 
         guards: list[ast.expr] = []
         if self._is_return_form(stmt):
-            predicated = self._returns(stmt, cond, facts, bound, ctx)
+            predicated = self._returns(stmt, cond, facts, bound, ctx, guards)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
             predicated = self._trailing_call(stmt, cond, facts, bound, ctx, guards)
@@ -152,6 +162,10 @@ class Where(CondForm, TrailingCallForm, Rule):
         return [ast.fix_missing_locations(_relocate(node, stmt)) for node in out]
 
     # -- the test ----------------------------------------------------------------
+
+    def _nonempty(self, stmt: ast.If, facts: FunctionFacts) -> frozenset[str]:
+        """The names the tensor part of the test proves non-empty before a branch runs."""
+        return nonempty_names(self._split_test(stmt.test, facts)[1], facts)
 
     def _split_test(self, test: ast.expr, facts: FunctionFacts) -> tuple[ast.expr | None, ast.expr]:
         """(static conjunct or None, tensor part)."""
@@ -193,13 +207,17 @@ class Where(CondForm, TrailingCallForm, Rule):
             and stmt.orelse[0].value is not None
         )
 
-    def _returns(self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext) -> list[ast.stmt]:
+    def _returns(
+        self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr]
+    ) -> list[ast.stmt]:
         values = []
         body: list[ast.stmt] = []
         for ret, side in ((stmt.body[0], "t"), (stmt.orelse[0], "f")):
             assert isinstance(ret, ast.Return) and ret.value is not None
-            for reason in speculation_blockers(ret.value, facts, bound):
+            empty = Emptiness(self._nonempty(stmt, facts), frozenset(bound))
+            for reason in speculation_blockers(ret.value, facts, bound, empty):
                 raise Decline(f"a returned value: {reason}")
+            guard_nonempty(empty, ctx, guards)
             temp = ctx.fresh(side)
             body.append(assign_to(store_name(temp), copy.deepcopy(ret.value)))
             values.append(temp)
@@ -229,8 +247,9 @@ class Where(CondForm, TrailingCallForm, Rule):
     ) -> list[ast.stmt]:
         body: list[ast.stmt] = []
         guards = guards if guards is not None else []
-        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body, cond, guards)
-        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body, cond, guards)
+        nonempty = self._nonempty(stmt, facts)
+        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body, cond, guards, nonempty)
+        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body, cond, guards, nonempty)
         targets = list(dict.fromkeys(list(true_env) + list(false_env)))
         if not targets:
             raise Decline("the branches assign nothing")
@@ -301,6 +320,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         out: list[ast.stmt],
         cond: str | None = None,
         guards: list[ast.expr] | None = None,
+        nonempty: frozenset[str] = frozenset(),
     ) -> dict[str, str]:
         env: dict[str, str] = {}
         known = set(bound)
@@ -318,8 +338,12 @@ class Where(CondForm, TrailingCallForm, Rule):
                 key = ast.unparse(target)
             else:
                 raise Decline(f"assignment to `{ast.unparse(target)}` (only names and self.<attr> are predicated)")
-            for reason in speculation_blockers(node.value, facts, known | set(env)):
+            guardable = frozenset(bound) - set(env) if guards is not None else frozenset()
+            empty = Emptiness(nonempty - set(env), guardable)
+            for reason in speculation_blockers(node.value, facts, known | set(env), empty):
                 raise Decline(f"`{ast.unparse(node)}`: {reason}")
+            if guards is not None:
+                guard_nonempty(empty, ctx, guards)
             value = Substitute(env).visit(copy.deepcopy(node.value))
             temp = ctx.fresh(side)
             out.append(assign_to(store_name(temp), value))

@@ -343,6 +343,13 @@ def held(value: Any) -> Any:
 # region closes, in the place its record holds in the effect order.
 
 
+def nonempty(t: Any) -> bool:
+    """A tensor holding an element: a reduction with no identity element
+    (``amax``, ``max``) the mended code evaluates where the original did not
+    cannot raise on it. Decided while tracing (a size of 0 is never dynamic)."""
+    return isinstance(t, torch.Tensor) and t.numel() > 0
+
+
 def trappable(flag: Any) -> bool:
     """A 0-dim bool tensor: the check can be deferred (decided while tracing)."""
     return isinstance(flag, torch.Tensor) and flag.dtype == torch.bool and flag.dim() == 0
@@ -457,5 +464,6 @@ __all__ = [
     "gate",
     "trap",
     "trappable",
+    "nonempty",
     "warn",
 ]
