@@ -66,6 +66,15 @@ def test_zero_graphs_is_flagged_not_called_fixed():
     assert [s.category for s in report.sites] == ["LC"]
 
 
+def test_ops_captured_and_eager_fallbacks_are_torchs_counts():
+    """``calls_captured`` is Dynamo's count of the ops in its graphs; a frame
+    it runs eagerly is a fallback to eager (torch's benchmarks' two measures)."""
+    branch = explain(P.Branch(), X)
+    assert branch.calls_captured == sum(branch.ops_per_graph) > 0 and branch.fallbacks_to_eager == 0
+    looped = explain(P.Looped(), X)
+    assert looped.fallbacks_to_eager == looped.frames_skipped >= 1
+
+
 def test_break_in_loop_reports_skipped_entry_frame():
     report = explain(P.Looped(), X)
     assert report.frames_skipped >= 1
@@ -110,8 +119,8 @@ def test_json_schema_fields():
     report = explain(P.Branch(), X)
     data = json.loads(json.dumps(report.to_dict()))
     for key in ("schema", "target", "torch", "graphs", "breaks", "graphs_per_call", "ops_per_graph",
-                "recompiles", "break_events", "frames_skipped", "gave_up", "seconds", "categories",
-                "warnings", "sites"):
+                "recompiles", "break_events", "frames_skipped", "fallbacks_to_eager", "calls_captured", "gave_up",
+                "seconds", "categories", "warnings", "sites"):
         assert key in data
     site = data["sites"][0]
     for key in ("file", "path", "line", "function", "code", "category", "reason", "gb_id", "rule",

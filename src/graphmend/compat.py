@@ -1,18 +1,49 @@
-"""The torch and Python versions graphmend supports, checked before any work.
+"""The torch and Python versions graphmend supports, and what differs between them.
 
 graphmend reads Dynamo's graph-break log and relies on how Dynamo treats each
-pattern; both change between torch releases. The supported range is the one
-the behaviour was measured on (``dynamo-behaviour.md``): torch 2.13.x.
+pattern; both change between torch releases. ``RELEASES`` is the one table of
+what graphmend knows of each supported minor release, measured on each
+(``docs/torch-versions.md``); outside it ``check_environment`` refuses with
+one line. Code that must act differently asks ``release()`` for the fact,
+never the version number. (The runtime, which imports nothing else of
+graphmend, detects the two facts it needs directly; the table names them.)
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from graphmend.errors import UnsupportedEnvironment
 
-SUPPORTED_TORCH = ((2, 13), (2, 14))  # [min, max) as (major, minor)
 SUPPORTED_PYTHON = (3, 10)
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    """What graphmend must know of one torch minor release."""
+
+    version: tuple[int, int]
+    # torch._logging's console handler writes to the *current* sys.stderr, so
+    # torch's own warnings pass through graphmend's stream watch (the runtime
+    # tells them apart by the log record's file: regions._log_record_written).
+    logs_to_current_stderr: bool
+    # torch._assert(tensor, msg) compiles into the graph instead of breaking.
+    assert_in_graph: bool
+    # config.reorderable_logging_functions accepts logger methods (pytorch #190840).
+    reorderable_logging: bool
+
+
+# A release joins the table once graphmend's suite, its zoo rows and a fuzz run
+# pass on it (docs/torch-versions.md says what is measured and what is pending).
+RELEASES: dict[tuple[int, int], TorchRelease] = {
+    r.version: r
+    for r in (
+        TorchRelease((2, 13), logs_to_current_stderr=False, assert_in_graph=False, reorderable_logging=False),
+        TorchRelease((2, 14), logs_to_current_stderr=True, assert_in_graph=False, reorderable_logging=True),
+    )
+}
+SUPPORTED_TORCH = (min(RELEASES), (max(RELEASES)[0], max(RELEASES)[1] + 1))  # [min, max) as (major, minor)
 
 
 def torch_version_tuple(version: str) -> tuple[int, int]:
@@ -23,6 +54,27 @@ def torch_version_tuple(version: str) -> tuple[int, int]:
         return (0, 0)
 
 
+def release(torch_version: str | None = None) -> TorchRelease:
+    """The table's row for ``torch_version`` (the installed torch by default)."""
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    found = RELEASES.get(torch_version_tuple(torch_version))
+    if found is None:
+        raise UnsupportedEnvironment(_unsupported(torch_version))
+    return found
+
+
+def _unsupported(torch_version: str) -> str:
+    low, high = SUPPORTED_TORCH
+    top = (high[0], high[1] - 1)
+    return (
+        f"graphmend supports torch {low[0]}.{low[1]} to {top[0]}.{top[1]}, found torch {torch_version}; "
+        f"install one of them (pip install torch=={top[0]}.{top[1]}.*)"
+    )
+
+
 def check_environment(torch_version: str | None = None) -> None:
     """Raise UnsupportedEnvironment (one line) outside the supported range."""
     if sys.version_info[:2] < SUPPORTED_PYTHON:
@@ -30,13 +82,4 @@ def check_environment(torch_version: str | None = None) -> None:
             f"graphmend needs Python >= {SUPPORTED_PYTHON[0]}.{SUPPORTED_PYTHON[1]}, "
             f"this is {sys.version_info[0]}.{sys.version_info[1]}"
         )
-    if torch_version is None:
-        import torch
-
-        torch_version = torch.__version__
-    low, high = SUPPORTED_TORCH
-    if not (low <= torch_version_tuple(torch_version) < high):
-        raise UnsupportedEnvironment(
-            f"graphmend supports torch {low[0]}.{low[1]}.x, found torch {torch_version}; "
-            f"install torch=={low[0]}.{low[1]}.0"
-        )
+    release(torch_version)

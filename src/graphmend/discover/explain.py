@@ -20,6 +20,8 @@ JSON schema (``ExplainReport.to_dict``, ``schema`` = 1)::
       "recompiles": int,
       "break_events": int,      # events in Dynamo's graph_breaks log
       "frames_skipped": int,    # frames Dynamo abandoned and ran eagerly
+      "fallbacks_to_eager": int,  # the same count, by the name torch's benchmarks give it
+      "calls_captured": int,    # ops in the graphs (torch's count; what a break costs in capture)
       "gave_up": bool,          # graphs == 0: Dynamo skipped the whole frame
       "seconds": float,
       "categories": {CAT: int}, # sites per category
@@ -61,12 +63,18 @@ class ExplainReport:
     break_events: int
     frames_skipped: int
     seconds: float
+    calls_captured: int = 0
     sites: list[BreakSite] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def breaks(self) -> int:
         return max(0, self.graphs - 1)
+
+    @property
+    def fallbacks_to_eager(self) -> int:
+        """Frames Dynamo saw and ran eagerly (torch's benchmarks' name for it, #191357)."""
+        return self.frames_skipped
 
     @property
     def gave_up(self) -> bool:
@@ -92,6 +100,8 @@ class ExplainReport:
             "recompiles": self.recompiles,
             "break_events": self.break_events,
             "frames_skipped": self.frames_skipped,
+            "fallbacks_to_eager": self.fallbacks_to_eager,
+            "calls_captured": self.calls_captured,
             "gave_up": self.gave_up,
             "seconds": round(self.seconds, 3),
             "categories": self.categories,
@@ -113,6 +123,7 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
         break_events=len(trace.events),
         frames_skipped=trace.frames_skipped,
         seconds=trace.seconds,
+        calls_captured=trace.calls_captured,
         sites=sites,
     )
     if report.gave_up:

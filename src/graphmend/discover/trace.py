@@ -83,6 +83,7 @@ class Trace:
     events: list[BreakEvent] = field(default_factory=list)
     recompiles: int = 0
     frames_skipped: int = 0  # frames Dynamo abandoned and ran eagerly
+    calls_captured: int = 0  # ops (FX call nodes) in the graphs Dynamo made, Dynamo's own count
     seconds: float = 0.0
 
     @property
@@ -396,6 +397,7 @@ def trace_breaks(
     from torch._dynamo.utils import counters
 
     frames_before = dict(counters["frames"])
+    captured_before = counters["stats"]["calls_captured"]
     torch._dynamo.reset()
     start = time.perf_counter()
     grad_ctx = torch.enable_grad if grad else torch.no_grad
@@ -422,6 +424,7 @@ def trace_breaks(
     total = frames.get("total", 0) - frames_before.get("total", 0)
     ok = frames.get("ok", 0) - frames_before.get("ok", 0)
     trace.frames_skipped = max(0, total - ok)
+    trace.calls_captured = counters["stats"]["calls_captured"] - captured_before
     seen_ids = set()
     for g in trace.graphs:
         if g.compile_id and g.compile_id not in seen_ids:

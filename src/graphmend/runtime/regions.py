@@ -167,16 +167,35 @@ class _Stream:
 
     @torch.compiler.disable
     def write(self, text: str) -> int:
-        _before_effect()
+        _before_effect(_log_record_written())
         return self._inner.write(text)
 
     @torch.compiler.disable
     def writelines(self, lines: Any) -> None:
-        _before_effect()
+        _before_effect(_log_record_written())
         self._inner.writelines(lines)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _log_record_written() -> str | None:
+    """Where the log record a logging handler is writing was made (a write from
+    inside ``Handler.emit``), else None. torch 2.14's stderr handler writes to
+    the current ``sys.stderr``, so torch's own warnings ("hit recompile_limit")
+    reach this stream; 2.13 keeps the stream it started with."""
+    if not _STATE.speculating:
+        return None  # only a speculating call tells torch's lines from the model's
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "emit":
+            record = frame.f_locals.get("record")
+            if isinstance(record, logging.LogRecord):
+                return record.pathname
+        frame = frame.f_back
+    return None
 
 
 def _watching(obj: Any, tag: str) -> bool:

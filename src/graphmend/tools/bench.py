@@ -438,12 +438,16 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         before_compile = compile_seconds()
+        frames, captured = dict(dynamo_utils.counters["frames"]), dynamo_utils.counters["stats"]["calls_captured"]
         start = time.perf_counter()
         out = call(args, kwargs)
         cold = time.perf_counter() - start
         compile_s = compile_seconds() - before_compile
         result["graphs"] = len(graphs)
         result["breaks"] = max(0, len(graphs) - 1)
+        result["calls_captured"] = dynamo_utils.counters["stats"]["calls_captured"] - captured
+        result["fallbacks_to_eager"] = max(0, (dynamo_utils.counters["frames"]["total"] - frames.get("total", 0))
+                                           - (dynamo_utils.counters["frames"]["ok"] - frames.get("ok", 0)))
         torch.save([t.detach().cpu() for t in tensors_in(out)], spec["outputs"])
         first_calls = [cold] + [timed(args, kwargs) for _ in range(3)]
         times = [timed(args, kwargs) * 1000 for _ in range(spec["iters"])]

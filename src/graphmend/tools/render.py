@@ -43,8 +43,10 @@ def summary_line(report: ExplainReport) -> str:
     else:
         head = (
             f"{report.target}: {plural(report.graphs, 'graph')}, {plural(report.breaks, 'break')} "
-            f"at {plural(len(report.sites), 'site')}"
+            f"at {plural(len(report.sites), 'site')}, {report.calls_captured} ops captured"
         )
+        if report.fallbacks_to_eager:
+            head += f", {plural(report.fallbacks_to_eager, 'frame')} run eagerly"
     rules: dict[str, int] = {}
     for s in report.fixable:
         rules[s.rule] = rules.get(s.rule, 0) + 1  # type: ignore[index]
@@ -117,10 +119,14 @@ def mend_summary(report: "MendReport") -> str:
         report.verified
     ]
     mode = " (autograd on)" if report.grad else ""
+    fallbacks = (
+        f", eager fallbacks {before.fallbacks_to_eager} -> {after.fallbacks_to_eager}"
+        if before.fallbacks_to_eager or after.fallbacks_to_eager else ""
+    )
     return (
         f"{report.target}{mode}: graphs {before.graphs} -> {after.graphs}, breaks {before.breaks} -> {after.breaks} "
-        f"({removed} removed) | {len(report.applied)} applied, {len(report.declined)} not | {verified} | "
-        f"{report.seconds:.1f} s"
+        f"({removed} removed), ops captured {before.calls_captured} -> {after.calls_captured}{fallbacks} | "
+        f"{len(report.applied)} applied, {len(report.declined)} not | {verified} | {report.seconds:.1f} s"
     )
 
 
@@ -177,6 +183,8 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
 
     row("graphs", "graphs", ratio=False)
     row("breaks", "breaks", ratio=False)
+    row("ops captured", "calls_captured", ratio=False)
+    row("frames run eagerly", "fallbacks_to_eager", ratio=False)
     row("recompiles", "recompiles", ratio=False)
     row("cold start, s", "cold_start_s")
     row("cold start excl. compile, s", "cold_start_excl_compile_s")

@@ -1,0 +1,107 @@
+"""The supported torch releases, and each fact graphmend's table keeps of one,
+checked against the torch this suite runs on (run it on each release: the
+row of the installed torch must be true of it)."""
+
+import io
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+from effects_capture import CountingBackend
+
+from graphmend.compat import (
+    RELEASES,
+    SUPPORTED_TORCH,
+    check_environment,
+    release,
+    torch_version_tuple,
+)
+from graphmend.errors import UnsupportedEnvironment
+
+ROW = release()
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_the_range_is_the_table_and_outside_it_is_one_line():
+    assert SUPPORTED_TORCH == (min(RELEASES), (max(RELEASES)[0], max(RELEASES)[1] + 1))
+    for version in RELEASES:
+        check_environment(f"{version[0]}.{version[1]}.1+cu130")  # a build suffix is not the version
+    below = (min(RELEASES)[0], min(RELEASES)[1] - 1)
+    above = (max(RELEASES)[0], max(RELEASES)[1] + 1)
+    for version in (below, above):
+        with pytest.raises(UnsupportedEnvironment) as raised:
+            check_environment(f"{version[0]}.{version[1]}.0")
+        assert "\n" not in str(raised.value) and f"found torch {version[0]}.{version[1]}.0" in str(raised.value)
+    assert torch_version_tuple(torch.__version__) in RELEASES
+
+
+def test_logs_to_current_stderr_is_where_torchs_console_handler_writes():
+    """torch 2.14 made its console handler follow ``sys.stderr``: torch's own
+    warnings then pass through graphmend's stream watch."""
+    logger = logging.getLogger("torch._dynamo")
+    handlers = [h for h in logger.handlers + logging.getLogger("torch").handlers if isinstance(h, logging.Handler)]
+    assert handlers, "torch's logging sets up a console handler"
+    seen = io.StringIO()
+    saved, sys.stderr = sys.stderr, seen
+    try:
+        logging.getLogger("torch._dynamo").warning("graphmend-compat-probe")
+    finally:
+        sys.stderr = saved
+    assert ("graphmend-compat-probe" in seen.getvalue()) == ROW.logs_to_current_stderr
+
+
+def test_assert_in_graph_is_how_dynamo_treats_torch_assert():
+    def f(x):
+        torch._assert((x > 0).all(), "positive")
+        return x + 1
+
+    backend = CountingBackend()
+    torch.compile(f, backend=backend)(torch.ones(3))
+    assert (len(backend.graphs) == 1) == ROW.assert_in_graph
+
+
+def test_a_constant_warning_still_breaks_the_graph_on_every_release():
+    """pytorch #186072 (deferring a constant ``warnings.warn``) does not act in
+    the default configuration of any supported release: [Defer] is still needed."""
+
+    def f(x):
+        x = x + 1
+        warnings.warn("graphmend-compat-probe")
+        return x * 2
+
+    backend = CountingBackend()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.compile(f, backend=backend)(torch.ones(3))
+    assert len(backend.graphs) == 2
+
+
+def test_reorderable_logging_is_whether_dynamo_takes_a_logger_method():
+    logger = logging.getLogger("graphmend-compat-probe")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+
+    def f(x):
+        x = x + 1
+        logger.info("probe")
+        return x * 2
+
+    backend = CountingBackend()
+    functions = torch._dynamo.config.reorderable_logging_functions
+    try:
+        torch._dynamo.config.reorderable_logging_functions = set(functions) | {logger.info}
+        torch.compile(f, backend=backend)(torch.ones(3))
+    except Exception:  # a release that refuses a logger method there
+        assert not ROW.reorderable_logging
+        return
+    finally:
+        torch._dynamo.config.reorderable_logging_functions = functions
+    assert (len(backend.graphs) == 1) == ROW.reorderable_logging
