@@ -4,6 +4,7 @@ import contextlib
 import io
 import logging
 import sys
+import threading
 import warnings
 
 import torch
@@ -22,10 +23,23 @@ class Captured:
         return (self.stdout, self.stderr, self.records, self.warnings, self.exception)
 
 
+class _NotTorchs(io.StringIO):
+    """A captured stream without what torch's own loggers write to it (from
+    torch 2.14 their console handler writes to the current ``sys.stderr``)."""
+
+    def __init__(self, torchs):
+        super().__init__()
+        self._torchs = torchs
+
+    def write(self, text):
+        return len(text) if getattr(self._torchs, "active", False) else super().write(text)
+
+
 @contextlib.contextmanager
 def capture():
     cap = Captured()
-    out, err = io.StringIO(), io.StringIO()
+    torchs = threading.local()  # set while a torch logger's record is handled on this thread
+    out, err = _NotTorchs(torchs), _NotTorchs(torchs)
     original = logging.Logger.handle
 
     def handle(self, record):
@@ -33,7 +47,12 @@ def capture():
             cap.records.append(
                 (record.name, record.levelname, record.pathname, record.lineno, record.funcName, record.getMessage())
             )
-        return original(self, record)
+            return original(self, record)
+        torchs.active = True
+        try:
+            return original(self, record)
+        finally:
+            torchs.active = False
 
     logging.Logger.handle = handle
     try:
@@ -117,10 +136,9 @@ class ThreadCapture:
     another owner on exit (it puts its own saved streams back regardless)."""
 
     def __init__(self):
-        import threading
-
         self._threading = threading
         self._stacks = {}  # thread ident -> open captures, innermost last
+        self._torchs = threading.local()  # set while a torch logger's record is handled on a thread
         self.left = []
 
     def current(self):
@@ -137,11 +155,17 @@ class ThreadCapture:
 
         def handle(logger, record):
             cap = owner.current()
-            if cap is not None and not record.name.startswith("torch"):
-                cap["records"].append(
-                    (record.name, record.levelname, record.pathname, record.lineno, record.funcName, record.getMessage())
-                )
-            return original_handle(logger, record)
+            if not record.name.startswith("torch"):
+                if cap is not None:
+                    cap["records"].append(
+                        (record.name, record.levelname, record.pathname, record.lineno, record.funcName, record.getMessage())
+                    )
+                return original_handle(logger, record)
+            owner._torchs.active = True  # torch's console handler may write to this thread's stream
+            try:
+                return original_handle(logger, record)
+            finally:
+                owner._torchs.active = False
 
         logging.Logger.handle = handle
         try:
@@ -174,7 +198,8 @@ class ThreadCapture:
     def capturing(self):
         """A ``Captured`` with this thread's stdout, stderr, records and warnings of the block."""
         cap = Captured()
-        buffers = {"stdout": io.StringIO(), "stderr": io.StringIO(), "records": cap.records, "warnings": cap.warnings}
+        buffers = {"stdout": _NotTorchs(self._torchs), "stderr": _NotTorchs(self._torchs), "records": cap.records,
+                   "warnings": cap.warnings}
         stack = self._stacks.setdefault(self._threading.get_ident(), [])
         stack.append(buffers)
         try:

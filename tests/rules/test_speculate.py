@@ -2,6 +2,7 @@
 guess runs the call again, and nothing of the discarded run is seen; its
 golden table (a source -> the exact rewrite, or the exact reason it declines)."""
 
+import contextlib
 import copy
 
 import golden
@@ -13,6 +14,7 @@ from fixtures.speculate_models import (
     WidenAndCount,
     WidenThenWarnOnAPath,
     WidenWithNoise,
+    WidenWithPythonNoise,
 )
 
 import graphmend
@@ -86,6 +88,38 @@ def test_an_effect_that_was_not_deferred_stops_the_guessing_run_before_it_happen
     assert graphmend.runtime.RERUNS["effect"] == 1
 
 
+@pytest.mark.parametrize("origin, stops", [("torch", False), ("model", True)])
+def test_a_log_line_written_to_stderr_stops_a_guessing_run_only_when_it_is_the_models(origin, stops):
+    """From torch 2.14 torch's console handler writes to the current ``sys.stderr``
+    (compat: logs_to_current_stderr), so torch's own warnings ("hit
+    recompile_limit") pass through the stream watch. Written from a log record
+    made in torch's files, a line is torch's and the guess goes on; made in
+    the model's, it is an effect not deferred, and the run stops before it.
+    (The handler here follows sys.stderr on every release.)"""
+    import logging
+    import sys
+
+    from graphmend.runtime import Mispredicted, region
+
+    class FollowsStderr(logging.Handler):
+        def emit(self, record):
+            sys.stderr.write(self.format(record) + "\n")
+
+    logger = logging.getLogger("graphmend-speculate-probe")
+    logger.propagate, handler = False, FollowsStderr()
+    logger.addHandler(handler)
+    pathname = torch._dynamo.convert_frame.__file__ if origin == "torch" else __file__
+    record = logging.makeLogRecord({"name": logger.name, "levelno": logging.WARNING, "levelname": "WARNING",
+                                    "pathname": pathname, "msg": "hit config.recompile_limit"})
+    try:
+        with pytest.raises(Mispredicted) if stops else contextlib.nullcontext():
+            with region(speculating=True):
+                logger.handle(record)
+    finally:
+        logger.removeHandler(handler)
+    assert graphmend.runtime.RERUNS["effect"] == (1 if stops else 0)
+
+
 def test_random_numbers_are_drawn_once_per_call_seen():
     torch.manual_seed(0)
     model = WidenWithNoise().eval()
@@ -98,6 +132,28 @@ def test_random_numbers_are_drawn_once_per_call_seen():
         got = run(compiled, x)
         assert torch.equal(got.output, expected.output)
         assert torch.equal(torch.rand(1), (torch.manual_seed(7), reference(x), torch.rand(1))[2])
+    assert sum(graphmend.runtime.RERUNS.values()) == 2
+
+
+def test_pythons_random_numbers_are_drawn_once_per_call_seen_too():
+    """Found reading [Speculate]'s scan (it accepts ``random.random()``): a run
+    discarded after a wrong guess drew from Python's generator too, and only
+    torch's was put back before the run again."""
+    import random
+
+    model = WidenWithPythonNoise().eval()
+    reference = copy.deepcopy(model)
+    compiled, _ = _compile(model, NARROW)
+    report = compiled.report
+    assert [(o.rule, o.status) for o in report.outcomes if o.category == "TI"] == [("speculate", "applied")]
+    for x in (WIDE, NARROW):  # each a wrong guess at first
+        random.seed(7)
+        expected = run(reference, x)
+        after_eager = random.random()
+        random.seed(7)
+        got = run(compiled, x)
+        assert torch.equal(got.output, expected.output)
+        assert random.random() == after_eager  # as many draws as eager's
     assert sum(graphmend.runtime.RERUNS.values()) == 2
 
 

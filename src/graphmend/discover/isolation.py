@@ -221,6 +221,16 @@ def _set_random_states(states: dict[str, Any]) -> None:
         sys.modules["numpy"].random.set_state(states["numpy"])
 
 
+def seed_everything(seed: int) -> None:
+    """Seed torch's generators, Python's and numpy's (once imported): each
+    observation of a model starts from the same random state."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+
+
 @contextlib.contextmanager
 def random_state_kept() -> Iterator[None]:
     """Every random generator as it was before the block, after it (see the module doc)."""

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from graphmend import runtime
-from graphmend.discover.isolation import captured, random_state_kept
+from graphmend.discover.isolation import captured, random_state_kept, seed_everything
 
 _ONCE_METHODS = ("warning_once", "info_once")
 # Attributes torch.compile itself sets on a module: not the model's state.
@@ -138,7 +138,7 @@ def observe(
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     with contextlib.ExitStack() as stack:
         stack.enter_context(random_state_kept())
-        torch.manual_seed(seed)
+        seed_everything(seed)
         effects = stack.enter_context(captured())
         stack.enter_context(grad_ctx())
         try:

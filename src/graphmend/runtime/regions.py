@@ -8,6 +8,7 @@ import collections
 import contextlib
 import logging
 import os
+import random
 import sys
 import threading
 import warnings
@@ -392,15 +393,20 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _rng_state() -> tuple:
+    """torch's generators (CPU, CUDA once initialised), Python's and numpy's (once imported)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.random.get_rng_state(), cuda
+    numpy = sys.modules.get("numpy")
+    return torch.random.get_rng_state(), cuda, random.getstate(), numpy.random.get_state() if numpy else None
 
 
 def _set_rng_state(state: tuple) -> None:
-    cpu, cuda = state
+    cpu, cuda, python, numpy = state
     torch.random.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+    random.setstate(python)
+    if numpy is not None:
+        sys.modules["numpy"].random.set_state(numpy)
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
