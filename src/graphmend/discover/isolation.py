@@ -44,6 +44,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from graphmend.runtime.regions import random_state, set_random_state
+
 _ONCE_METHODS = ("warning_once", "info_once")
 
 
@@ -202,25 +204,6 @@ def captured() -> Iterator[Effects]:
 # randomness
 
 
-def _random_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.random.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
-    return states
-
-
-def _set_random_states(states: dict[str, Any]) -> None:
-    torch.random.set_rng_state(states["torch"])
-    random.setstate(states["python"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])
-    if "numpy" in states:
-        sys.modules["numpy"].random.set_state(states["numpy"])
-
-
 def seed_everything(seed: int) -> None:
     """Seed torch's generators, Python's and numpy's (once imported): each
     observation of a model starts from the same random state."""
@@ -234,8 +217,8 @@ def seed_everything(seed: int) -> None:
 @contextlib.contextmanager
 def random_state_kept() -> Iterator[None]:
     """Every random generator as it was before the block, after it (see the module doc)."""
-    states = _random_states()
+    states = random_state()
     try:
         yield
     finally:
-        _set_random_states(states)
+        set_random_state(states)

@@ -380,7 +380,7 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     call again with the right one, anything else that would make a second run
     visible runs it once more without guessing. The random state is restored
     before each run again; nothing a discarded run recorded is performed."""
-    state = _rng_state()
+    state = random_state()
     speculating = True
     for attempt in range(3):
         try:
@@ -388,18 +388,19 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
                 return fn(*args, **kwargs)
         except Mispredicted as miss:
             speculating = miss.again
-            _set_rng_state(state)
+            set_random_state(state)
     raise AssertionError("unreachable: the last run does not guess")
 
 
-def _rng_state() -> tuple:
-    """torch's generators (CPU, CUDA once initialised), Python's and numpy's (once imported)."""
+def random_state() -> tuple:
+    """torch's generators (CPU, CUDA once initialised), Python's and numpy's (once imported);
+    ``set_random_state`` puts them back (discover.isolation keeps them around a mend too)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     numpy = sys.modules.get("numpy")
     return torch.random.get_rng_state(), cuda, random.getstate(), numpy.random.get_state() if numpy else None
 
 
-def _set_rng_state(state: tuple) -> None:
+def set_random_state(state: tuple) -> None:
     cpu, cuda, python, numpy = state
     torch.random.set_rng_state(cpu)
     if cuda is not None:
