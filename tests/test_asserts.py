@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from graphmend.analysis.asserts import held_asserts
+from graphmend.compat import release
 
 WINDOW = 4
 SCALE = torch.ones(2)
@@ -45,12 +46,22 @@ def held(body: str, params: str = "self, x") -> str | None:
         "assert x.dtype == torch.float32",
         "for i in range(x.dim()):\n    assert i < 4",
         "torch._assert_async(x.numel() > 0, 'empty')",
-        "torch._assert((x > 0).all(), 'a graph break, not in the graph')",
         "if __graphmend_rt__.trappable(1):\n    pass\nelse:\n    assert (x > 0).all()",
     ],
 )
 def test_an_assert_decided_while_tracing_is_not_held(body):
     assert held(body) is None
+
+
+@pytest.mark.skipif(release().assert_in_graph, reason="torch compiles torch._assert into the graph from 2.15")
+def test_torch_assert_on_a_tensor_is_a_graph_break_up_to_2_14_and_not_held():
+    assert held("torch._assert((x > 0).all(), 'a graph break, not in the graph')") is None
+
+
+@pytest.mark.skipif(not release().assert_in_graph, reason="torch._assert is a graph break up to torch 2.14")
+def test_torch_assert_on_a_tensor_compiles_from_2_15_and_is_held():
+    assert held("torch._assert((x > 0).all(), 'in the graph')") == "torch._assert((x > 0).all(), 'in the graph')"
+    assert held("torch._assert(x.dim() == 2, 'decided while tracing')") is None
 
 
 @pytest.mark.parametrize(

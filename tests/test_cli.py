@@ -90,7 +90,7 @@ def test_unsupported_torch_is_a_clear_error(capsys, monkeypatch):
 
     monkeypatch.setattr(torch, "__version__", "2.11.0")
     code, _, err = run(capsys, "explain", "demo")
-    assert code == 2 and "supports torch 2.13 to 2.14, found torch 2.11.0" in err
+    assert code == 2 and "supports torch 2.12 to 2.15, found torch 2.11.0" in err
 
 
 def test_debug_flag_shows_traceback(capsys):

@@ -39,8 +39,10 @@ class TorchRelease:
 RELEASES: dict[tuple[int, int], TorchRelease] = {
     r.version: r
     for r in (
+        TorchRelease((2, 12), logs_to_current_stderr=False, assert_in_graph=False, reorderable_logging=False),
         TorchRelease((2, 13), logs_to_current_stderr=False, assert_in_graph=False, reorderable_logging=False),
         TorchRelease((2, 14), logs_to_current_stderr=True, assert_in_graph=False, reorderable_logging=True),
+        TorchRelease((2, 15), logs_to_current_stderr=True, assert_in_graph=True, reorderable_logging=True),
     )
 }
 SUPPORTED_TORCH = (min(RELEASES), (max(RELEASES)[0], max(RELEASES)[1] + 1))  # [min, max) as (major, minor)

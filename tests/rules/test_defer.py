@@ -18,6 +18,7 @@ from torch import nn
 
 import graphmend
 from graphmend import runtime
+from graphmend.compat import release
 
 X = E.inputs()
 
@@ -479,6 +480,16 @@ class WarnThenAssert(PrintThenAssert):
         return x * 2
 
 
+class PrintThenTorchAssert(PrintThenAssert):
+    """``torch._assert``: a graph break up to torch 2.14, compiled into the graph like the assert from 2.15."""
+
+    def forward(self, x):
+        print("x is", x)
+        torch._assert((x > 0).all(), "not positive")
+        self.calls += 1
+        return x * 2
+
+
 class PrintThenNestedAssert(nn.Module):
     """The assert call sits inside an expression: no graph break can go before it alone."""
 
@@ -510,6 +521,7 @@ class PrintThenShapeAssert(nn.Module):
         (PrintsThenAssert, "applied", True),
         (WarnThenAssert, "applied", True),
         (PrintThenNestedAssert, "declined", False),
+        (PrintThenTorchAssert, "declined" if release().assert_in_graph else "applied", False),
         (PrintThenTrappedAssert, "applied", False),
         (PrintThenShapeAssert, "applied", False),
     ],

@@ -573,6 +573,31 @@ def test_a_set_trap_raises_before_a_model_effect_but_not_inside_the_compiler():
     assert [str(w.message) for w in shown] == ["torch's own, while compiling"]
 
 
+def test_a_set_trap_does_not_raise_inside_a_real_compile():
+    """The same on a real compile, on each release: torch 2.12 has no
+    ``torch.compiler._compile_session_context``; the runtime asks the thread's
+    ``CompileContext``, which Dynamo holds while the backend (and AOTAutograd
+    inside it) compiles on every supported release."""
+    rt = graphmend.runtime
+    site = ("graphmend.tests", 1, "forward")
+    torch._dynamo.reset()
+
+    def backend(gm, example_inputs):
+        warnings.warn("the backend's own, while compiling")
+        return gm
+
+    f = torch.compile(lambda x: x + 1, backend=backend)
+    with warnings.catch_warnings(record=True) as shown, pytest.raises(ValueError, match="bad values"):
+        warnings.simplefilter("always")
+        with rt.region():
+            rt.trap(site, torch.tensor(True), ValueError, ("bad values",))
+            assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+            assert [str(w.message) for w in shown] == ["the backend's own, while compiling"]
+            warnings.warn("the model's, after the check")
+    assert [str(w.message) for w in shown] == ["the backend's own, while compiling"]
+    torch._dynamo.reset()
+
+
 # -- golden table --------------------------------------------------------------
 # What [Trap] makes of small sources (tests/rules/golden.py): the site is
 # marked `# <-`; each case expects exactly the function after the rewrite, or

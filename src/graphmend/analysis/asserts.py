@@ -3,8 +3,10 @@
 ``assert cond, msg`` on a Python value is decided while Dynamo traces; on a
 tensor it becomes ``torch._assert_async`` in the graph (as a direct
 ``torch._assert_async`` call does), and when it fails at run time the graph
-raises before it returns. (``torch._assert(cond, msg)`` on a tensor is a
-graph break: the graph before it completes, so nothing recorded is lost.)
+raises before it returns. ``torch._assert(cond, msg)`` on a tensor is a
+graph break up to torch 2.14 (the graph before it completes, so nothing
+recorded is lost) and compiles the same way from 2.15
+(``compat.TorchRelease.assert_in_graph``), whatever its message.
 Output [Defer] recorded and checks [Trap] flagged earlier in that graph are
 then lost (Dynamo applies side effects when a graph completes), so the pipeline (passes/held.py)
 and barriers.py keep them safe where ``held_asserts`` finds such an assert (a
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from graphmend.analysis.source import dotted_name, is_runtime_call
+from graphmend.compat import release
 
 _STATIC_ATTRS = {"shape", "ndim", "dtype", "device", "training", "is_cuda", "requires_grad", "layout"}
 _STATIC_METHODS = {"dim", "size", "numel", "nelement", "is_contiguous", "element_size", "get_device", "is_floating_point"}
@@ -41,7 +44,8 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
 def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any], namespace: dict) -> list[ast.AST]:
-    """The asserts (``assert`` statements, ``torch._assert_async(...)`` calls) in
+    """The asserts (``assert`` statements, ``torch._assert_async(...)`` calls,
+    ``torch._assert(...)`` calls where the release compiles them) in
     ``node`` whose test may be a tensor, outside a [Trap] rewrite's fallback
     (the ``else`` of ``if __graphmend_rt__.trappable(...)``, which a compiled
     region does not run), in source order. ``owners``: the live modules whose
@@ -54,6 +58,7 @@ def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any]
         for sub in ast.walk(stmt)
     }
     facts = _Facts(node, owners, namespace)
+    calls = compiled_assert_calls()
     held = []
     for sub in ast.walk(node):
         if id(sub) in fallbacks:
@@ -61,11 +66,19 @@ def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any]
         test = None
         if isinstance(sub, ast.Assert):
             test = sub.test if _compiled_form(sub) else None
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "_assert_async" and sub.args:
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in calls and sub.args:
             test = sub.args[0]
         if test is not None and not facts.static(test):
             held.append(sub)
     return sorted(held, key=lambda n: (n.lineno, n.col_offset))
+
+
+def compiled_assert_calls() -> frozenset[str]:
+    """The ``torch.<name>(test, ...)`` asserts Dynamo compiles into the graph
+    on the installed torch: ``_assert_async`` always, ``_assert`` from 2.15
+    (any message: one it cannot fold makes a break, which a held test only
+    moves)."""
+    return frozenset({"_assert_async", "_assert"}) if release().assert_in_graph else frozenset({"_assert_async"})
 
 
 def _compiled_form(node: ast.Assert) -> bool:

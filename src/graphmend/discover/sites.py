@@ -223,16 +223,26 @@ def group_sites(events: list[BreakEvent]) -> list[BreakSite]:
 ASSERT_REASON = "assert captured as torch._assert_async: a failure raises RuntimeError, not AssertionError"
 
 
+def _is_torch_assert(stmt: ast.stmt | None) -> bool:
+    """``torch._assert(test, msg)`` as a statement (captured from torch 2.15)."""
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and (dotted_name(stmt.value.func) or "").endswith("_assert")
+    )
+
+
 def assert_sites(asserts: list[tuple[str, int, str]], known: set[tuple[str, int]]) -> list[BreakSite]:
-    """Sites for asserts Dynamo captured without a break: not a break, but the
-    compiled model raises a different exception type, which [Trap] restores."""
+    """Sites for asserts Dynamo captured without a break (``assert``; a
+    ``torch._assert`` call from torch 2.15): not a break, but the compiled
+    model raises a different exception type, which [Trap] restores."""
     out: dict[tuple[str, int], BreakSite] = {}
     for file, line, function in asserts:
         key = (file, line)
         if key in known or key in out:
             continue
         stmt = statement_at(file, line)
-        if not isinstance(stmt, ast.Assert):
+        if not (isinstance(stmt, ast.Assert) or _is_torch_assert(stmt)):
             continue
         rule, verdict = verdict_for("VG")
         out[key] = BreakSite(

@@ -15,7 +15,8 @@ What it does
 
 Why the mended code would lose behaviour without it
     Dynamo compiles ``assert <tensor>, "literal"`` into the graph
-    (``torch._assert_async``). When it fails, the graph raises before it
+    (``torch._assert_async``; ``torch._assert(<tensor>, msg)`` too from torch
+    2.15). When it fails, the graph raises before it
     returns, and Dynamo applies a graph's side effects (the records) only
     when the graph completes: the output deferred and the checks trapped
     earlier in that graph are lost, and the assert's error replaces the
@@ -62,7 +63,7 @@ from typing import Any
 
 import torch
 
-from graphmend.analysis.asserts import held_asserts
+from graphmend.analysis.asserts import compiled_assert_calls, held_asserts
 from graphmend.analysis.source import (
     RUNTIME_NAME,
     dotted_name,
@@ -99,7 +100,7 @@ def owners(located: engine.Located, model: Any) -> list[Any]:
 
 def test_of(node: ast.AST) -> ast.expr | None:
     """The tested value of a held assert: an ``assert``'s test, or the first
-    argument of a ``torch._assert_async`` call."""
+    argument of a ``torch._assert_async`` (or compiled ``torch._assert``) call."""
     if isinstance(node, ast.Assert):
         return node.test
     if isinstance(node, ast.Call) and node.args:
@@ -245,7 +246,8 @@ def _definition(fn: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDe
 def _may_hold(fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict) -> bool:
     """Whether ``fdef`` may hold an assert on tensor values (``self.<attr>``
     values not known yet: the live modules are looked at later)."""
-    return any(isinstance(n, ast.Assert) or _is_assert_async(n) for n in ast.walk(fdef)) and bool(
+    calls = compiled_assert_calls()
+    return any(isinstance(n, ast.Assert) or _calls_one_of(n, calls) for n in ast.walk(fdef)) and bool(
         held_asserts(fdef, [], namespace)
     )
 
@@ -285,8 +287,8 @@ def _functions(tree: ast.Module, classes: set[str]) -> list[ast.FunctionDef | as
     return found
 
 
-def _is_assert_async(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_assert_async"
+def _calls_one_of(node: ast.AST, names: frozenset[str]) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
 
 
 def guard_model(
