@@ -2,6 +2,8 @@
 checked against the torch this suite runs on (run it on each release: the
 row of the installed torch must be true of it)."""
 
+import ast
+import inspect
 import io
 import logging
 import sys
@@ -18,6 +20,8 @@ from graphmend.compat import (
     release,
     torch_version_tuple,
 )
+from graphmend.discover import sites
+from graphmend.discover.trace import graph_break_registry
 from graphmend.errors import UnsupportedEnvironment
 
 ROW = release()
@@ -41,6 +45,15 @@ def test_the_range_is_the_table_and_outside_it_is_one_line():
             check_environment(f"{version[0]}.{version[1]}.0")
         assert "\n" not in str(raised.value) and f"found torch {version[0]}.{version[1]}.0" in str(raised.value)
     assert torch_version_tuple(torch.__version__) in RELEASES
+
+
+def test_every_graph_break_id_graphmend_reads_names_the_same_type_in_this_torch():
+    registry = graph_break_registry()
+    assert len(registry) > 400
+    assert {gb: registry.get(gb) for gb in sites.GRAPH_BREAK_IDS} == sites.GRAPH_BREAK_IDS
+    source = ast.parse(inspect.getsource(sites))
+    named = {n.value for n in ast.walk(source) if isinstance(n, ast.Constant) and str(n.value).startswith("GB0")}
+    assert named == set(sites.GRAPH_BREAK_IDS)  # no id read that the table does not name
 
 
 def test_logs_to_current_stderr_is_where_torchs_console_handler_writes():

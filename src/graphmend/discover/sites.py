@@ -49,6 +49,21 @@ OUT_OF_SCOPE: dict[str, str] = {
 }
 
 
+# The graph-break ids classify reads, each with its type in the registry of
+# every supported torch (torch/_dynamo/graph_break_registry.json: 455 ids in
+# 2.12, 592 in 2.15; tests/test_compat.py checks them against the installed
+# one). classify reads the type text of the installed registry too, so an id
+# a later release renumbers still sorts by its type.
+GRAPH_BREAK_IDS: dict[str, str] = {
+    "GB0007": "Attempted to call function marked as skipped",
+    "GB0033": "Data dependent operator",
+    "GB0036": "Dynamic shape operator",
+    "GB0059": "Failed to trace builtin operator",
+    "GB0109": "Tensor.tolist() with non-integer tensor",
+    "GB0124": "Unsupported Tensor.item() call with capture_scalar_outputs=False",
+    "GB0170": "Data-dependent branching",
+    "GB0291": "logging.Logger method not supported for non-export cases",
+}
 _TI_IDS = {"GB0124", "GB0109"}
 _DO_IDS = {"GB0036"}
 _BRANCH_IDS = {"GB0170"}

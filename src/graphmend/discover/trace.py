@@ -98,7 +98,8 @@ class Trace:
 
 
 @lru_cache(maxsize=1)
-def _gb_registry() -> dict[str, str]:
+def graph_break_registry() -> dict[str, str]:
+    """The installed torch's graph-break ids and their types (empty if it has none)."""
     path = os.path.join(os.path.dirname(torch._dynamo.__file__), "graph_break_registry.json")
     try:
         with open(path, encoding="utf-8") as fh:
@@ -181,7 +182,7 @@ def parse_event(message: str, compile_id: str | None, entry: tuple[str, str] | N
         return None
     link = _GB_LINK.search(message)
     gb_id = f"GB{link.group(1)}" if link else None
-    gb_type = _gb_registry().get(gb_id or "", "")
+    gb_type = graph_break_registry().get(gb_id or "", "")
     detail_lines: list[str] = []
     frames: list[Frame] = []
     in_tb = False
