@@ -15,6 +15,7 @@ from effects_capture import run
 from torch import nn
 
 import graphmend
+from graphmend.compat import release
 from graphmend.rewrite.verify import Observation, compare
 
 
@@ -85,6 +86,22 @@ def test_aot_autograd_gives_plus_zero_for_a_minus_zero_gradient_of_a_mutated_inp
     assert torch.signbit(grads["eager"]).tolist() == [True, True, True]
     assert torch.signbit(grads["aot_eager"]).tolist() == [False, False, True]
     assert torch.equal(grads["eager"], grads["aot_eager"])  # equal as values: 0 == -0
+
+
+def test_a_difference_the_original_shows_once_dynamo_stops_giving_up_is_the_backends():
+    """Found by CI's fuzz run on torch 2.15 (seed 2150): the original hit Dynamo's recompile
+    limit and ran a frame eagerly from call 7 on, so its failing ``torch._assert`` raised eager's
+    AssertionError; the mended program (a capture flag: fewer frames, fewer recompiles) still
+    compiled it, and a compiled ``torch._assert`` raises RuntimeError from 2.15. The unmended
+    original does the same once Dynamo may recompile as often (the runner's patient control):
+    the backend's difference, not a rewrite's."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_torch_assert_past_recompile_limit.py"), seed=5, start=6, grad=True)
+    assert result.status == "checked" and result.mismatches == [], result.mismatches[:2]
+    compiled_type = "('RuntimeError', 'check failed at 2')"
+    hits = [d for d in result.backend_differences if compiled_type in d and "('AssertionError'" in d]
+    assert bool(hits) == release().assert_in_graph, result.backend_differences[:3]
 
 
 def test_a_signed_zero_gradient_from_aot_autograd_is_the_backends():
