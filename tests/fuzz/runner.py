@@ -555,14 +555,22 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         g = "grad" in arm
         backend = _BACKENDS[_CONTROL.get(arm, arm.split("+")[0])]
         if arm == "threads":
-            controls = _threaded(fresh(backend), xs)
-            if any(d not in {x for k in range(THREADS) for c in controls for x in _differences(f"threads, thread {k + 1}", expected, c)} for d in diff):
-                controls += _patient(lambda: _threaded(fresh(backend), xs))
-            seen = {d for k in range(THREADS) for c in controls for d in _differences(f"threads, thread {k + 1}", expected, c)}
+            def seen_in(controls: list) -> set[str]:
+                return {d for k in range(THREADS) for c in controls for d in _differences(f"threads, thread {k + 1}", expected, c)}
+
+            seen = seen_in(_threaded(fresh(backend), xs))
+            if any(d not in seen for d in diff):
+                seen |= seen_in(_patient(lambda: _threaded(fresh(backend), xs)))
             result.backend_differences += [d for d in diff if d in seen]
             result.mismatches += [d for d in diff if d not in seen]
             continue
-        control = _series(fresh(backend), grad_xs if g else xs, region=False, grad=g)
+        def original() -> list:
+            return _series(fresh(backend), grad_xs if g else xs, region=False, grad=g)
+
+        def compared(outcomes: list) -> list:  # under grad: the in-place error's node name and grad_fn text left out
+            return [_inplace_error_unnamed(_without_grad_fn(o)) for o in outcomes] if g else outcomes
+
+        control = original()
         if arm == "compile+grad":
             # The counting backend runs the captured graphs eagerly (no AOTAutograd): compared
             # as the eager+grad arm is, to the bit; only the printed grad_fn text is stripped.
@@ -577,9 +585,9 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
             # the backward where eager autograd, which saves less, succeeds. The error names
             # the node that saved it, which depends on where the graphs were cut: when the
             # original under this backend fails the same way, so does the mended program.
-            control = [_inplace_error_unnamed(_without_grad_fn(o)) for o in control]
+            control = compared(control)
             expected = [_without_grad_fn(o) for o in expected]
-            got = [_inplace_error_unnamed(_without_grad_fn(o)) for o in got]
+            got = compared(got)
             diff = _differences(arm, expected, got)
             # AOTAutograd applies an in-place change of a graph input that requires grad after
             # the graph, and its backward adds a +0.0: an input gradient of -0.0 comes back +0.0
@@ -599,10 +607,7 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
                 diff = rounded
         seen = set(_differences(arm, expected, control))
         if any(d not in seen for d in diff):
-            patient = _patient(lambda: _series(fresh(backend), grad_xs if g else xs, region=False, grad=g))
-            if g:
-                patient = [_inplace_error_unnamed(_without_grad_fn(o)) for o in patient]
-            seen |= set(_differences(arm, expected, patient))
+            seen |= set(_differences(arm, expected, compared(_patient(original))))
         result.backend_differences += [d for d in diff if d in seen]
         result.mismatches += [d for d in diff if d not in seen]
     return result

@@ -66,8 +66,8 @@ def held_asserts(node: ast.FunctionDef | ast.AsyncFunctionDef, owners: list[Any]
         test = None
         if isinstance(sub, ast.Assert):
             test = sub.test if _compiled_form(sub) else None
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in calls and sub.args:
-            test = sub.args[0]
+        elif is_assert_call(sub, calls) and sub.args:  # type: ignore[attr-defined]
+            test = sub.args[0]  # type: ignore[attr-defined]
         if test is not None and not facts.static(test):
             held.append(sub)
     return sorted(held, key=lambda n: (n.lineno, n.col_offset))
@@ -79,6 +79,11 @@ def compiled_assert_calls() -> frozenset[str]:
     (any message: one it cannot fold makes a break, which a held test only
     moves)."""
     return frozenset({"_assert_async", "_assert"}) if release().assert_in_graph else frozenset({"_assert_async"})
+
+
+def is_assert_call(node: ast.AST, names: frozenset[str]) -> bool:
+    """Whether ``node`` is a call ``<obj>.<name>(...)`` with ``name`` in ``names``."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
 
 
 def _compiled_form(node: ast.Assert) -> bool:

@@ -135,6 +135,10 @@ def _detail_is_side_effect(event: BreakEvent) -> bool:
     )
 
 
+def _names_torch_assert(call: ast.Call) -> bool:
+    return (dotted_name(call.func) or "").endswith("_assert")
+
+
 def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
     """The category of one event at its user statement."""
     gb = event.gb_id or ""
@@ -147,7 +151,7 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
         return "VG"  # deciding whether to raise on tensor values, whatever Dynamo's id
     if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
         return "DC"
-    if any((dotted_name(c.func) or "").endswith("_assert") for c in calls) and gb == "GB0033":
+    if any(_names_torch_assert(c) for c in calls) and gb == "GB0033":
         return "VG"
     if side_effect:
         # A log/print call is the site even when the break is in its
@@ -240,11 +244,7 @@ ASSERT_REASON = "assert captured as torch._assert_async: a failure raises Runtim
 
 def _is_torch_assert(stmt: ast.stmt | None) -> bool:
     """``torch._assert(test, msg)`` as a statement (captured from torch 2.15)."""
-    return (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Call)
-        and (dotted_name(stmt.value.func) or "").endswith("_assert")
-    )
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _names_torch_assert(stmt.value)
 
 
 def assert_sites(asserts: list[tuple[str, int, str]], known: set[tuple[str, int]]) -> list[BreakSite]:

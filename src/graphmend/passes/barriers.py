@@ -63,7 +63,11 @@ from typing import Any
 
 import torch
 
-from graphmend.analysis.asserts import compiled_assert_calls, held_asserts
+from graphmend.analysis.asserts import (
+    compiled_assert_calls,
+    held_asserts,
+    is_assert_call,
+)
 from graphmend.analysis.source import (
     RUNTIME_NAME,
     dotted_name,
@@ -247,7 +251,7 @@ def _may_hold(fdef: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict) -> 
     """Whether ``fdef`` may hold an assert on tensor values (``self.<attr>``
     values not known yet: the live modules are looked at later)."""
     calls = compiled_assert_calls()
-    return any(isinstance(n, ast.Assert) or _calls_one_of(n, calls) for n in ast.walk(fdef)) and bool(
+    return any(isinstance(n, ast.Assert) or is_assert_call(n, calls) for n in ast.walk(fdef)) and bool(
         held_asserts(fdef, [], namespace)
     )
 
@@ -285,10 +289,6 @@ def _functions(tree: ast.Module, classes: set[str]) -> list[ast.FunctionDef | as
                     found.append(callee)
                     todo.append(callee)
     return found
-
-
-def _calls_one_of(node: ast.AST, names: frozenset[str]) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
 
 
 def guard_model(
