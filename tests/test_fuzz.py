@@ -253,3 +253,33 @@ def test_inductor_text_numbers_compare_to_the_output_tolerance():
     overflowed = Observation(stdout="mean 0.6296598315\n", warnings=[("UserWarning", "h 308199.2", "f.py", 3)])
     assert [d.split(":")[0] for d in _close(clamped, overflowed)] == ["warnings"]
     assert _close(Observation(stdout="a 1\n"), Observation(stdout="b 1\n")) != []
+
+
+def test_the_threads_arm_waits_for_slow_threads_and_gives_up_on_blocked_ones(monkeypatch):
+    """A threads arm on a machine whose cores another job holds is slow, not stuck: it is
+    waited for while the process works; threads that use no CPU (a deadlock) are given up
+    on after one span."""
+    import threading
+    import time
+
+    from fuzz import runner
+
+    monkeypatch.setattr(runner, "THREAD_TIMEOUT", 0.5)  # a span: long enough to get CPU on a loaded machine
+    monkeypatch.setattr(runner, "WORKING_CPU_S", 0.05)
+
+    def spin(cpu_seconds: float) -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < cpu_seconds:
+            pass
+
+    busy = threading.Thread(target=spin, args=(1.2,), daemon=True)
+    busy.start()
+    waited, _ = runner._join_while_working([busy])
+    assert not busy.is_alive() and waited > 1.0
+
+    never = threading.Event()
+    blocked = threading.Thread(target=never.wait, daemon=True)
+    blocked.start()
+    waited, cpu_used = runner._join_while_working([blocked])
+    assert blocked.is_alive() and waited < 2.0 and cpu_used < 0.05
+    never.set()

@@ -57,6 +57,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -287,7 +288,11 @@ def _series(
 
 
 THREADS = 2
-THREAD_TIMEOUT = 600.0  # seconds for the whole threaded series (both threads' mends included)
+THREAD_TIMEOUT = 600.0  # seconds for the whole threaded series (both threads' mends included)...
+# ...unless the process kept working through it: a machine whose cores another job holds makes
+# the threads slow, not stuck. A deadlock uses no CPU; a loop that never ends is stopped here:
+THREAD_GIVE_UP = 3600.0
+WORKING_CPU_S = 30.0  # CPU seconds per THREAD_TIMEOUT that count as still working
 # What a threads arm that never finished left running: the program, the threads' stacks.
 # graphmend's locks may be held by them, so nothing more is checked in this process.
 STUCK: list[str] = []
@@ -383,14 +388,16 @@ def _threaded(
     with _hooks_kept(capture_threads.left), fresh_once_caches(), capture_threads.installed():
         for worker in workers:
             worker.start()
-        for worker in workers:
-            worker.join(THREAD_TIMEOUT)
+        waited, cpu_used = _join_while_working(workers)
     alive = [w for w in workers if w.is_alive()]
     if alive:
         frames = sys._current_frames()
         stacks = [f"{w.name}:\n" + "".join(traceback.format_stack(frames[w.ident])) for w in alive if w.ident in frames]
         STUCK.append("\n".join(stacks))
-        raise TimeoutError(f"{len(alive)} thread(s) did not finish in {THREAD_TIMEOUT:.0f} s\n" + "\n".join(stacks))
+        raise TimeoutError(
+            f"{len(alive)} thread(s) did not finish in {waited:.0f} s "
+            f"(the process used {cpu_used:.1f} s of CPU in the last {THREAD_TIMEOUT:.0f} s)\n" + "\n".join(stacks)
+        )
     if errors:
         raise RuntimeError("; ".join(errors))
     if left is not None:
@@ -398,6 +405,20 @@ def _threaded(
         # threads had ended (put back by the capture): a wrapper graphmend left behind.
         left += capture_threads.left
     return series
+
+
+def _join_while_working(workers: list[threading.Thread]) -> tuple[float, float]:
+    """Wait for ``workers`` in spans of ``THREAD_TIMEOUT``, going on while the process used
+    ``WORKING_CPU_S`` of CPU in the last span, up to ``THREAD_GIVE_UP``. Returns the seconds
+    waited and the CPU seconds of the last span."""
+    start = time.monotonic()
+    while True:
+        span_cpu, span_end = time.process_time(), time.monotonic() + THREAD_TIMEOUT
+        for worker in workers:
+            worker.join(max(0.0, span_end - time.monotonic()))
+        waited, cpu_used = time.monotonic() - start, time.process_time() - span_cpu
+        if not any(w.is_alive() for w in workers) or cpu_used < WORKING_CPU_S or waited >= THREAD_GIVE_UP:
+            return waited, cpu_used
 
 
 def _first_valid(pristine: torch.nn.Module, xs: list[torch.Tensor], start: int) -> int | None:
