@@ -151,6 +151,24 @@ def test_phi3_longrope_both_sides_of_the_threshold_without_recompile():
     assert len(backend.graphs) == 1  # one graph, no recompile over the three calls
 
 
+@pytest.mark.parametrize("length", [8, 20])
+def test_phi3_longrope_is_one_graph_over_three_calls_at_each_length(length):
+    """Input length 8 stays under `original_max_position_embeddings` (16), 20 goes over it (the
+    long factor, memoised on the first call): one graph over three calls, outputs bit for bit."""
+    import copy
+
+    from graphmend.models.zoo import build
+
+    model, _, _ = build("phi3-longrope")
+    ids = torch.randint(0, 128, (1, length), generator=torch.Generator().manual_seed(0))
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    for _ in range(3):
+        assert _bitwise(run(reference, input_ids=ids).output, run(compiled, input_ids=ids).output)
+    assert compiled.report.verified and len(backend.graphs) == 1
+
+
 def test_grounding_dino_loses_its_validation_guard_breaks():
     import copy
 

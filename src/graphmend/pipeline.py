@@ -36,6 +36,7 @@ from graphmend import runtime
 from graphmend.discover.capture import Capture
 from graphmend.discover.explain import ExplainReport, explain_target
 from graphmend.discover.isolation import random_state_kept
+from graphmend.discover.sites import BreakSite
 from graphmend.errors import EagerFailure
 from graphmend.models.targets import Target
 from graphmend.passes import (
@@ -115,7 +116,16 @@ def note_still_breaking(session: Session) -> None:
     for found in session.outcomes.values():
         found.notes = [n for n in found.notes if not n.startswith(_STILL)]
         if found.status == Status.APPLIED and (found.file, found.line) in remaining:
-            found.notes.append(_STILL + remaining[(found.file, found.line)].reason)
+            found.notes.append(_STILL + _why(remaining[(found.file, found.line)]))
+
+
+def _why(site: BreakSite) -> str:
+    """A break's reason; for graphmend's own runtime running an effect at once, what
+    the runtime gave as the reason (``runtime.records.AT_ONCE``)."""
+    marker = "(reason: graphmend: "
+    if marker in site.detail:
+        return site.detail.split(marker, 1)[1].split("\n", 1)[0].removesuffix(")")
+    return site.reason
 
 
 PASSES: tuple[Callable[[Session], None], ...] = (

@@ -8,7 +8,7 @@ data-dependent ``if`` / ``elif`` / ``else`` (nested, sequential, with early
 returns), prints / logger calls / ``warnings.warn`` of tensors followed by
 in-place mutation of those tensors, validation checks (``if ...: raise``,
 ``assert``, ``torch._assert``, also inside branches), attribute and buffer
-updates (also inside branches), parameters that may be ``None``, an fp16
+updates (also inside branches, in place), parameters that may be ``None``, an fp16
 overflow guard, helpers, submodules, loops over an ``nn.ModuleList``, and
 code no rule may touch (``.item()``, boolean indexing, ``nonzero``).
 
@@ -36,6 +36,7 @@ CONDITIONS = [
     "h.max() > 1 and h.min() < 0",
     "s > 0",
     "h.norm() > 3",
+    "h.dim() > 2 or h.sum() > 0",  # a static operand of `or`: a Python if around the predicated part
 ]
 
 # Checks that fail on some inputs (inf, nan, large or negative values).
@@ -166,7 +167,7 @@ def _check(draw, ctx: _Ctx) -> list[str]:
 
 @st.composite
 def _state(draw, ctx: _Ctx) -> list[str]:
-    kind = draw(st.sampled_from(["count", "calls", "buf_copy", "buf_store", "attr_tensor"]))
+    kind = draw(st.sampled_from(["count", "calls", "buf_copy", "buf_store", "attr_tensor", "buf_update"]))
     ctx.features.append(kind)
     if kind == "count":
         ctx.need("self.count = 0")
@@ -177,6 +178,10 @@ def _state(draw, ctx: _Ctx) -> list[str]:
     if kind == "buf_copy":
         ctx.need(f'self.register_buffer("buf", {ctx.T}.zeros(4))')
         return ["self.buf.copy_(h.mean(0).detach())"]
+    if kind == "buf_update":  # an in-place update, as the last statement of a branch or anywhere
+        ctx.need(f'self.register_buffer("buf", {ctx.T}.zeros(4))')
+        return [draw(st.sampled_from(["self.buf.mul_(0.5)", "self.buf.add_(h.mean(0).detach())",
+                                      "self.buf.clamp_(-1.0, 1.0)", "self.buf.masked_fill_(self.buf > 1.0, 0.0)"]))]
     if kind == "buf_store":
         ctx.need(f'self.register_buffer("running", {ctx.T}.zeros(4))')
         return ["self.running = h.mean(0).detach()"]

@@ -50,6 +50,199 @@ def test_form_on_both_branches(cls):
     check_form(cls, [(P,), (N,), (P * 0.1,)])
 
 
+SMALL = P * 0.05  # sum 0.525: the first elif
+VERY_NEGATIVE = N * 2  # mean -3.25: past every elif
+
+
+@pytest.mark.parametrize("cls", [B.Elif, B.ElifFourWays, B.ElifReturns, B.ElifNoElse], ids=lambda c: c.__name__)
+def test_elif_chains_are_nested_selects_on_every_path(cls):
+    """Every test evaluated up front, every branch computed, nested torch.where: one
+    graph, and the output of each path bit for bit (the inner elif's own site is
+    reported as part of the chain's rewrite)."""
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    head, *inner = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert head.status == "applied" and "nested torch.where" in head.reason, compiled.report.outcomes
+    assert all(o.status == "applied" and o.reason == f"rewritten with line {head.line} (where)" for o in inner), inner
+    for x in (P, SMALL, N, VERY_NEGATIVE):
+        with torch.no_grad():
+            assert bits_equal(reference(x), compiled(x))
+    assert len(backend.graphs) == 1
+
+
+def test_an_elif_chain_under_grad_is_one_graph_with_eager_gradients():
+    model = B.ElifFourWays()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    for x in (P, SMALL, N, VERY_NEGATIVE):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, got = reference(a), compiled(b)
+        expected.sum().backward()
+        got.sum().backward()
+        assert bits_equal(expected.detach(), got.detach()) and bits_equal(a.grad, b.grad)
+    assert compiled.report.grad and len(backend.graphs) == 1
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_an_early_return_predicates_the_rest_of_the_function(grad):
+    """`if x.max() > 2: return x * 0` then more code: both return values computed, one
+    selected; one graph, outputs and input gradients as eager's on both paths."""
+    model = B.EarlyReturn()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    for x in (P, N):  # P.max() is 3: the early return; N: the rest
+        a, b = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            expected, got = B.EarlyReturn()(a), compiled(b)
+            if grad:
+                expected.sum().backward()
+                got.sum().backward()
+        assert bits_equal(expected.detach(), got.detach())
+        assert not grad or bits_equal(a.grad, b.grad)
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied" and dc.reason.startswith("early return predicated"), dc
+    assert len(backend.graphs) == 1
+
+
+def test_an_early_return_inside_a_loop_is_declined():
+    model = B.EarlyReturnInLoop()
+    report = graphmend.mend(model, N)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert dc.status == "declined" and dc.reason == (
+        "an early return inside a loop or block: the rest of the function is not one straight path"
+    ), dc
+
+
+@pytest.mark.parametrize("cls", [B.BufferCopy, B.LocalUpdates], ids=lambda c: c.__name__)
+def test_in_place_updates_in_branches_write_the_selected_value(cls):
+    """`self.running.copy_(m)`, `y.mul_(2)`, `y.masked_fill_(...)`, `y.clamp_(...)` as the last
+    statement of a branch: `t.copy_(torch.where(c, new, t))`; outputs and buffers as eager's
+    on every path, call after call, in one graph."""
+    model = cls()
+    reference = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    assert all(o.status == "applied" for o in compiled.report.outcomes), compiled.report.outcomes
+    for x in (P, N * 0.5, N, SMALL * 0.1, P):  # LocalUpdates: each of its three paths; BufferCopy: both
+        with torch.no_grad():
+            assert bits_equal(reference(x), compiled(x))
+        assert all(bits_equal(a, b) for a, b in zip(reference.buffers(), model.buffers()))
+    assert len(backend.graphs) == 1
+
+
+def test_an_in_place_update_before_other_statements_of_its_branch_is_declined():
+    report = graphmend.mend(B.InPlaceNotLast(), P)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert dc.status == "declined" and "an in-place update before other statements of its branch" in dc.reason, dc
+
+
+def test_a_static_operand_of_or_stays_a_python_if_around_the_predicated_part():
+    """`if flag or x.sum() > 0:` -> `if flag: <the branch> else: <predicated on x.sum() > 0>`:
+    one graph per value of the flag (Dynamo specialises on it), none for the tensor test."""
+    model = B.PythonOr()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P, False))
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied" and "static test `flag` kept as a Python if, its branch as written" in dc.notes, dc
+    for flag in (False, True):
+        for x in (P, N):
+            with torch.no_grad():
+                assert bits_equal(B.PythonOr()(x, flag), compiled(x, flag))
+    assert len(backend.graphs) == 2
+
+
+# -- autograd ------------------------------------------------------------------
+
+
+def _counting(inner: str):
+    """A backend that counts the graphs it gets and compiles them with ``inner``."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    compile_with = lookup_backend(inner)
+
+    def backend(gm, example_inputs):
+        backend.graphs.append(gm)
+        return compile_with(gm, example_inputs)
+
+    backend.graphs = []
+    return backend
+
+
+def _train(model, call, steps=20):
+    """SGD with momentum and weight decay: losses, gradients (None kept), final weights, printed text."""
+    import contextlib
+    import io
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(0)
+    losses, grads, out = [], [], io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for step in range(steps):
+            x = torch.randn(4, 8, generator=generator) * (1 + step % 3)  # every path of every block
+            optimizer.zero_grad()
+            loss = call(x)
+            loss.backward()
+            losses.append(loss.detach().clone())
+            grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+            optimizer.step()
+    return losses, grads, [p.detach().clone() for p in model.parameters()], out.getvalue()
+
+
+def _same(a, b):
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if a is None or b is None:
+        return a is None and b is None
+    return a == b if isinstance(a, str) else bits_equal(a, b)
+
+
+@pytest.mark.parametrize("inner", ["eager", "aot_eager"])
+def test_training_through_graphmend_compile_is_eager_bit_for_bit_in_fewer_graphs(inner):
+    """20 SGD steps of four blocks, each with a tensor if/elif/else, a tensor if and a
+    print: losses, gradients, final weights and printed text as eager's, bit for bit,
+    in as few graphs as inference and fewer than plain torch.compile."""
+    torch.manual_seed(0)
+    base = B.FourBlocks()
+    eager_model = copy.deepcopy(base)
+    expected = _train(eager_model, eager_model)
+
+    plain_model, plain = copy.deepcopy(base), _counting(inner)
+    assert _same(_train(plain_model, torch.compile(plain_model, backend=plain)), expected)
+    torch._dynamo.reset()
+
+    model, backend = copy.deepcopy(base), _counting(inner)
+    compiled = graphmend.compile(model, backend=backend)
+    got = _train(model, compiled)
+    for name, a, b in zip(("losses", "gradients", "weights", "printed text"), got, expected):
+        assert _same(a, b), name
+    assert compiled.report.grad and compiled.report.verified
+    graphmend.unmend()
+    torch._dynamo.reset()
+
+    inference = graphmend.compile(copy.deepcopy(base), backend=CountingBackend(), example_inputs=(torch.randn(4, 8),))
+    assert len(backend.graphs) == inference.report.after.graphs == 1 < len(plain.graphs)
+
+
+def test_a_branch_not_taken_with_an_infinite_derivative_leaves_eager_gradients():
+    """`x.sqrt()` on a path not taken, at 0 and below: its backward, fed the select's zeros,
+    would give 0 * inf = NaN; the branch reads `x` through `grad_gate`, cut from autograd."""
+    x = torch.tensor([[0.0, -1.0, 4.0, 9.0], [1.0, 2.0, 0.0, 3.0]])
+    model = B.SqrtNotTaken()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    for value in (x, x.abs() + 1):  # the else branch, then the sqrt branch
+        a, b = value.clone().requires_grad_(), value.clone().requires_grad_()
+        expected, got = B.SqrtNotTaken()(a), compiled(b)
+        expected.backward()
+        got.backward()
+        assert bits_equal(expected.detach(), got.detach()) and bits_equal(a.grad, b.grad), (a.grad, b.grad)
+    assert not torch.isnan(b.grad).any() and len(backend.graphs) == 1
+    assert "grad_gate" in model.forward.__code__.co_names
+
+
 @pytest.mark.parametrize("cls", [B.ModuleCall, B.TwoModules], ids=lambda c: c.__name__)
 def test_branches_calling_modules_use_torch_cond(cls):
     torch.manual_seed(0)
@@ -214,14 +407,14 @@ def test_buffer_updated_in_place_without_recompile():
 
 
 DECLINES = [
-    (B.Elif, "elif"),
+    (B.ElifTestCanRaise, "the elif test `x[:, 3].sum() > 0`: indexing can go out of range"),
     (B.Loop, "while loop"),
-    (B.PrintInBranch, "statement other than a single-target assignment"),
+    (B.PrintInBranch, "`x.mul_(1.0)`: an in-place update of a value the branch assigned"),
     (B.CustomModuleCall, "Counter, not a known stateless layer"),
     (B.Indexing, "indexing"),
     (B.OnePathOnly, "assigned on one path only and read after"),
     (B.InPlace, "mutates its receiver"),
-    (B.PythonOr, "not all provably tensors"),
+    (B.TensorOrFlag, "a static operand after a tensor operand would change evaluation order"),
 ]
 
 
@@ -265,7 +458,7 @@ def test_emitted_code_uses_the_real_torch_under_an_alias():
     check_form(branches_alias.AliasedTorch, [(weird,), (P,)])
     names = branches_alias.AliasedTorch.forward.__code__.co_names
     assert branches_alias.torch == "not the torch module"
-    assert "__graphmend_rt__" in names and "torch" in names  # __graphmend_rt__.torch.where
+    assert "__graphmend_rt__" in names and "select" in names  # __graphmend_rt__.select: the runtime's torch
 
 
 # -- fuzz regressions ----------------------------------------------------------
@@ -318,11 +511,11 @@ GOLDEN = [
         rewritten="""
         def f(x):
             _gm_c0 = x.sum() > 0
-            if __graphmend_rt__.predicable(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
                 _gm_t0 = x * 2
                 _gm_f0 = x - 1
                 if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
-                    y = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
                 elif _gm_c0:
                     y = _gm_t0
                 else:
@@ -346,11 +539,11 @@ GOLDEN = [
         rewritten="""
         def f(x):
             _gm_c0 = x.mean() > 0
-            if __graphmend_rt__.predicable(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
                 _gm_t0 = x + 1
                 _gm_f0 = x - 1
                 if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
-                    return torch.where(_gm_c0, _gm_t0, _gm_f0)
+                    return __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
                 else:
                     return _gm_t0 if _gm_c0 else _gm_f0
             elif _gm_c0:
@@ -370,10 +563,11 @@ GOLDEN = [
         rewritten="""
         def f(h):
             _gm_c0 = torch.isinf(h).any()
-            if __graphmend_rt__.predicable(_gm_c0):
-                _gm_t0 = torch.clamp(h, -100.0, 100.0)
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
+                _gm_t0 = torch.clamp(_gm_g0, -100.0, 100.0)
                 if __graphmend_rt__.same_meta(_gm_t0, h):
-                    h = torch.where(_gm_c0, _gm_t0, h)
+                    h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
                 elif _gm_c0:
                     h = _gm_t0
             elif _gm_c0:
@@ -393,10 +587,11 @@ GOLDEN = [
         def f(h):
             if h.dtype == torch.float16:
                 _gm_c0 = torch.isinf(h).any()
-                if __graphmend_rt__.predicable(_gm_c0):
-                    _gm_t0 = torch.clamp(h, -100.0, 100.0)
+                if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                    _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
+                    _gm_t0 = torch.clamp(_gm_g0, -100.0, 100.0)
                     if __graphmend_rt__.same_meta(_gm_t0, h):
-                        h = torch.where(_gm_c0, _gm_t0, h)
+                        h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
                     elif _gm_c0:
                         h = _gm_t0
                 elif _gm_c0:
@@ -415,10 +610,10 @@ GOLDEN = [
         rewritten="""
         def f(x: torch.Tensor):
             _gm_c0 = torch.logical_or(x.sum() > 0, (x > 10).any())
-            if __graphmend_rt__.predicable(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
                 _gm_t0 = x * 0.5
                 if __graphmend_rt__.same_meta(_gm_t0, x):
-                    x = torch.where(_gm_c0, _gm_t0, x)
+                    x = __graphmend_rt__.select(_gm_c0, _gm_t0, x)
                 elif _gm_c0:
                     x = _gm_t0
             elif x.sum() > 0 or (x > 10).any():
@@ -437,10 +632,11 @@ GOLDEN = [
         rewritten="""
         def f(h: torch.Tensor):
             _gm_c0 = torch.logical_not((h > 0).all())
-            if __graphmend_rt__.predicable(_gm_c0):
-                _gm_t0 = h.abs()
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
+                _gm_t0 = _gm_g0.abs()
                 if __graphmend_rt__.same_meta(_gm_t0, h):
-                    h = torch.where(_gm_c0, _gm_t0, h)
+                    h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
                 elif _gm_c0:
                     h = _gm_t0
             elif not (h > 0).all():
@@ -529,7 +725,58 @@ GOLDEN = [
                 y = x - 1
             return y
         """,
-        declined="elif chains are not predicated",
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.sum() > 0
+            _gm_c1 = x.sum() < -1
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1):
+                _gm_t0 = x * 2
+                _gm_e0 = x
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_e0) and __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, __graphmend_rt__.select(_gm_c1, _gm_e0, _gm_f0))
+                elif _gm_c0:
+                    y = _gm_t0
+                elif _gm_c1:
+                    y = _gm_e0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x * 2
+            elif _gm_c1:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
+    ),
+    golden.case(
+        "elif-test-reducing-a-possibly-empty-tensor",
+        """
+        def f(x, z):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            elif z.max() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
+        declined="the elif test `z.max() > 0`: `.max(...)` raises on an empty tensor, which the path not taken may hold",
+    ),
+    golden.case(
+        "elif-test-with-a-static-conjunct",
+        """
+        def f(x, flag: bool):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            elif flag and x.mean() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
+        declined="the elif test `flag and x.mean() > 0` of an elif chain has a static conjunct `flag`",
     ),
     golden.case(
         "while-loop",
@@ -616,7 +863,7 @@ GOLDEN = [
                 x = x * 2
             return x
         """,
-        declined="a static conjunct after a tensor conjunct would change evaluation order",
+        declined="a static operand after a tensor operand would change evaluation order",
     ),
     golden.case(
         "module-with-state",
@@ -683,11 +930,12 @@ GOLDEN = [
         rewritten="""
         def f(x):
             _gm_c0 = (x > 0).any()
-            if __graphmend_rt__.predicable(_gm_c0) and __graphmend_rt__.nonempty(x):
-                _gm_t0 = x.amax()
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.nonempty(x):
+                _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, x)
+                _gm_t0 = _gm_g0.amax()
                 _gm_f0 = x.sum()
                 if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
-                    m = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                    m = __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
                 elif _gm_c0:
                     m = _gm_t0
                 else:
@@ -712,11 +960,12 @@ GOLDEN = [
         rewritten="""
         def f(h):
             _gm_c0 = h.amax() > 1.5
-            if __graphmend_rt__.predicable(_gm_c0):
-                _gm_t0 = h.abs().amax()
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
+                _gm_t0 = _gm_g0.abs().amax()
                 _gm_f0 = h.sum()
                 if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
-                    scale = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                    scale = __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
                 elif _gm_c0:
                     scale = _gm_t0
                 else:
@@ -750,6 +999,124 @@ GOLDEN = [
             return x
         """,
         declined='the test: `.max(...)` raises on an empty tensor, which the path not taken may hold',
+    ),
+    golden.case(
+        "static-operand-of-or-stays-a-python-if-with-the-branch-as-written",
+        """
+        def f(h):
+            if h.dim() > 2 or h.sum() > 0:  # <-
+                h = h * 2
+            return h
+        """,
+        rewritten="""
+        def f(h):
+            if h.dim() > 2:
+                h = h * 2
+            else:
+                _gm_c0 = h.sum() > 0
+                if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                    _gm_t0 = h * 2
+                    if __graphmend_rt__.same_meta(_gm_t0, h):
+                        h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
+                    elif _gm_c0:
+                        h = _gm_t0
+                elif _gm_c0:
+                    h = h * 2
+            return h
+        """,
+    ),
+    golden.case(
+        "early-return-predicates-the-rest-of-the-function",
+        """
+        def f(x):
+            if x.max() > 2:  # <-
+                return x * 0
+            y = x + 1
+            return y * 2
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.max() > 2
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_t0 = x * 0
+                _gm_f0 = x + 1
+                _gm_f1 = _gm_f0 * 2
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f1):
+                    return __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f1)
+                else:
+                    return _gm_t0 if _gm_c0 else _gm_f1
+            elif _gm_c0:
+                return x * 0
+            y = x + 1
+            return y * 2
+        """,
+    ),
+    golden.case(
+        "early-return-when-the-function-falls-off-its-end",
+        """
+        def f(x, out: list):
+            if x.max() > 2:  # <-
+                return x * 0
+            out.append(x)
+        """,
+        declined="an early return where the function does not end in `return <value>`",
+    ),
+    golden.case(
+        "autograd-a-branch-with-an-infinite-derivative-reads-through-grad-gate",
+        """
+        def f(x):
+            if x.min() > 0:  # <-
+                y = x.sqrt()
+            else:
+                y = x * 0.5
+            return y
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.min() > 0
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, x)
+                _gm_t0 = _gm_g0.sqrt()
+                _gm_f0 = x * 0.5
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
+                elif _gm_c0:
+                    y = _gm_t0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x.sqrt()
+            else:
+                y = x * 0.5
+            return y
+        """,
+    ),
+    golden.case(
+        "autograd-a-parameter-one-branch-alone-reaches-is-checked-by-grad-free",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(4))
+
+            def forward(self, h):
+                if h.sum() > 0:  # <-
+                    h = h + self.w
+                return h
+        """,
+        rewritten="""
+        def forward(self, h):
+            _gm_c0 = h.sum() > 0
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.grad_free(self.w):
+                _gm_t0 = h + self.w
+                if __graphmend_rt__.same_meta(_gm_t0, h):
+                    h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
+                elif _gm_c0:
+                    h = _gm_t0
+            elif _gm_c0:
+                h = h + self.w
+            return h
+        """,
     ),
 ]
 

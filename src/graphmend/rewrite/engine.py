@@ -204,6 +204,7 @@ class SiteRewrite:
 def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> FunctionNode:
     """Apply each site's rule to its statement in ``located.node`` (in place)."""
     ctx = RewriteContext.for_function(located.node, located.namespace, located.filename, model)
+    placed: list[tuple[SiteRewrite, list[ast.stmt]]] = []
     # Bottom-up so that replacing one statement never moves another's index.
     for site in sorted(sites, key=lambda s: s.line, reverse=True):
         found = statement_in(located.node.body, site.line, into_classes=False)
@@ -224,6 +225,12 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         except Exception as exc:  # a rule bug must not cost the user their model
             site.reason = f"internal error in rule {site.rule.name}: {type(exc).__name__}: {exc}"
             continue
+        inside = {id(node) for node in ast.walk(body[index])}
+        for earlier, nodes in placed:  # applied inside this statement: now part of this rewrite
+            if any(id(node) in inside for node in nodes):
+                earlier.notes = [f"rewritten with line {site.line} ({site.rule.name})"]
+        placed.append((site, replacement))
+        ctx.replaced.update({id(node): (node, body[index]) for node in replacement})
         body[index : index + 1] = replacement
         site.ok = True
         site.notes = list(ctx.notes)

@@ -53,6 +53,20 @@ class RewriteContext:
     frames: list[Any] = field(default_factory=list)  # the break's frame chain (entry first)
     chains: list[Any] | None = None  # chains from the model's entry to the break ([]: unknown; None: no run, chains.py)
     unalias: set[str] = field(default_factory=set)  # buffers to give their own storage at install
+    # What earlier sites of this pass replaced: id(new statement) -> (it, the statement it replaced)
+    replaced: dict[int, tuple[ast.stmt, ast.stmt]] = field(default_factory=dict)
+
+    def original_of(self, block: list[ast.stmt]) -> ast.stmt | None:
+        """The one statement ``block`` is: itself, or the statement an earlier site's
+        rewrite in this pass replaced with all of ``block``."""
+        if len(block) == 1 and id(block[0]) not in self.replaced:
+            return block[0]
+        found = [self.replaced.get(id(node)) for node in block]
+        if block and all(f is not None and f[0] is node for f, node in zip(found, block)):
+            originals = {id(f[1]) for f in found if f is not None}
+            if len(originals) == 1:
+                return found[0][1]  # type: ignore[index]
+        return None
 
     def attribute_values(self, attr: str, modules: Any = None) -> list[Any]:
         """Distinct values of ``<module>.<attr>`` over the live target's modules

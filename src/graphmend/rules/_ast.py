@@ -23,6 +23,13 @@ def is_self_attr(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
+def _self_chain(node: ast.AST) -> bool:
+    """``self.a``, ``self.a.b``, ...: attributes all the way down to ``self``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
 class Substitute(ast.NodeTransformer):
     """Replace loads of names / self attributes already speculated into temporaries."""
 
@@ -35,7 +42,7 @@ class Substitute(ast.NodeTransformer):
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        key = ast.unparse(node) if is_self_attr(node) else None
+        key = ast.unparse(node) if _self_chain(node) else None
         if key is not None and isinstance(node.ctx, ast.Load) and key in self.env:
             return ast.copy_location(load_name(self.env[key]), node)
         self.generic_visit(node)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
-from graphmend.analysis.purity import Emptiness
+from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.rules import Decline, RewriteContext
 
 
@@ -60,3 +60,23 @@ def guard_nonempty(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]
         guard = ast.Call(func=ctx.runtime("nonempty"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
         if not any(ast.dump(g) == ast.dump(guard) for g in guards):
             guards.append(guard)
+
+
+def deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None) -> list[str]:
+    """Blockers of the parts of a deferred message still evaluated in the graph
+    (on every call, after the test)."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "__graphmend_rt__"
+    ):
+        out: list[str] = []
+        for a in node.args:
+            if isinstance(a, ast.Constant):
+                continue
+            out.extend(deferred_blockers(a, facts, bound, empty))
+        return out
+    if isinstance(node, ast.Tuple):
+        return [r for e in node.elts for r in deferred_blockers(e, facts, bound, empty)]
+    return speculation_blockers(node, facts, bound, empty)

@@ -65,6 +65,7 @@ from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blo
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import (
     check_lowerable,
+    deferred_blockers,
     guard_nonempty,
     has_boolops,
     lower,
@@ -108,7 +109,7 @@ class Trap(Rule):
         deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
         empty = Emptiness(nonempty_names(test, facts), frozenset(bound))  # the message runs on every call
         for arg in deferred_args:
-            for reason in _deferred_blockers(arg, facts, bound, empty):
+            for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
         mutation = StateScan().after(stmt, ctx)
         if mutation:
@@ -230,23 +231,3 @@ class _EqualToRuntime(ast.NodeTransformer):
         ):
             return ast.copy_location(ast.Call(func=self.ctx.runtime("equal"), args=node.args, keywords=[]), node)
         return node
-
-
-def _deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None) -> list[str]:
-    """Blockers of the parts of a deferred message still evaluated in the graph
-    (on every call, after the test)."""
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "__graphmend_rt__"
-    ):
-        out: list[str] = []
-        for a in node.args:
-            if isinstance(a, ast.Constant):
-                continue
-            out.extend(_deferred_blockers(a, facts, bound, empty))
-        return out
-    if isinstance(node, ast.Tuple):
-        return [r for e in node.elts for r in _deferred_blockers(e, facts, bound, empty)]
-    return speculation_blockers(node, facts, bound, empty)

@@ -4,13 +4,21 @@
 A Python ``if`` whose test is a tensor:
 
 * two branches that assign names (one or several): ``if c: y = a else: y = b``;
-* two branches that each ``return`` a value;
+* two branches that each ``return`` a value (after assignments to names);
+* an early return, ``if c: return a`` at the top level of the function,
+  followed by assignments and ``return b``: the rest of the function is
+  computed too and one value selected (the original rest stays after it, for
+  calls the guards send to the original);
+* ``if/elif/.../else`` chains of any length of either kind, as nested
+  selects: every test is evaluated up front (so a test after the first must
+  be safe to evaluate on every call) and every branch computed;
 * an update without ``else``: ``if c: h = f(h)``, including several
   statements, body-local temporaries, and ``self.<attr> = ...`` stores;
 * tests built with ``and`` / ``or`` / ``not`` over tensor reductions, lowered
-  to ``torch.logical_and/or/not``; a static conjunct
-  (``h.dtype == torch.float16 and ...``) stays a Python ``if`` around the
-  predicated part.
+  to ``torch.logical_and/or/not``; static operands first (``h.dtype ==
+  torch.float16 and ...``, ``bias is not None and ...``, ``flag or ...``)
+  stay a Python ``if`` around the predicated part (for ``or``, the static
+  ``if`` runs the branch as written).
 
 ## Why the original breaks
 Python must turn the tensor into a bool to choose a branch, so Dynamo stops
@@ -46,8 +54,11 @@ None))`` shows Dynamo the objects the branches reach (one it first met inside
 a branch would lose a later ``self.count += 1``).
 
 ## When it declines
-- ``elif`` chains, ``while`` loops, branches with statements other than
-  assignments (or a single ``return`` each), tuple targets;
+- ``while`` loops, branches with statements other than assignments (or a
+  single ``return`` each), tuple targets; an ``elif`` test that could raise
+  or act on a call where the original never reached it, or that has a static
+  conjunct; ``torch.cond`` inside an ``elif`` chain; an early return inside a
+  loop or block, or in a function that does not end in ``return <value>``;
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
   methods, indexing that can go out of range, names unbound on that path, a
@@ -65,9 +76,25 @@ a branch would lose a later ``self.count += 1``).
 - a test whose atoms are not provably tensors (for ``and``/``or``/``not``);
 - a name assigned on one path only and read after the ``if``.
 
+## Autograd
+A select of names (not ``self.<attr>`` stores, not ``torch.cond``) also runs
+under autograd, with eager's gradients (``runtime.predicable_with_grad``;
+``analysis/gradients.py``):
+- a branch whose operations could turn the zero gradients the select feeds
+  it when not taken into NaN (``0 * inf``: ``sqrt`` at 0, ``exp`` past
+  overflow, a product of two tensors) reads its inputs through
+  ``runtime.grad_gate`` (the value where it runs, ``value.detach()`` where
+  not), so it adds exact zeros; sums, selects, masks and products with a
+  constant need no gate;
+- what one branch alone may reach (``h * self.w`` with no ``self.w`` on the
+  other path) would get a zero ``.grad`` where eager leaves ``None``, which
+  optimizers treat differently: ``runtime.grad_free`` sends the call to the
+  original branch while such a value requires grad. The report says which.
+Other forms run the original branch under autograd.
+
 ## Fix safety
 Exact by construction when it applies: the original branch is kept for every
-case the guards reject, and autograd always takes it.
+case the guards reject.
 """
 
 from __future__ import annotations
@@ -76,8 +103,15 @@ import ast
 import copy
 
 from graphmend.analysis.facts import FunctionFacts, bound_before, is_tensor_expr
+from graphmend.analysis.gradients import (
+    Reach,
+    block_reach,
+    checked_at_run_time,
+    reach,
+)
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
     Substitute,
     assign_to,
@@ -87,12 +121,14 @@ from graphmend.rules._ast import (
 )
 from graphmend.rules._predicate import (
     check_lowerable,
+    deferred_blockers,
     guard_nonempty,
     has_boolops,
     lower,
 )
 from graphmend.rules._where_call import TrailingCallForm
 from graphmend.rules._where_cond import CondForm
+from graphmend.rules._where_select import Arm
 
 
 @register
@@ -114,9 +150,10 @@ class Where(CondForm, TrailingCallForm, Rule):
             raise Decline("a while loop on a tensor value cannot be predicated")
         if not isinstance(stmt, ast.If):
             raise Decline("the break is not at an if statement")
-        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
-            raise Decline("elif chains are not predicated")
         facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
+        arms = select.arms(stmt, ctx)
+        if len(arms) > 2:
+            return self._chain(stmt, arms, facts, ctx)
         static, tensor_test = self._split_test(stmt.test, facts)
         bound = bound_before(ctx.fdef, stmt)
         if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
@@ -127,39 +164,109 @@ class Where(CondForm, TrailingCallForm, Rule):
         cond = ctx.fresh("c")
         original_test = load_name(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
         fallback = ast.If(test=original_test, body=copy.deepcopy(stmt.body), orelse=copy.deepcopy(stmt.orelse))
+        rest = self._after_early_return(stmt, ctx)
+        two_way = [(cond, stmt.body), (None, stmt.orelse if rest is None else rest)]
+        nonempty = nonempty_names(tensor_test, facts)
 
         guards: list[ast.expr] = []
-        if self._is_return_form(stmt):
-            predicated = self._returns(stmt, cond, facts, bound, ctx, guards)
+        if rest is not None:
+            predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
+            ctx.notes.append("early return predicated with torch.where: the rest of the function computed too")
+        elif all(_returns_a_value(block) for _, block in two_way):
+            predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
-            predicated = self._trailing_call(stmt, cond, facts, bound, ctx, guards)
+            predicated, grad = self._trailing_call(stmt, cond, facts, bound, ctx, guards), None
         else:
             try:
-                predicated = self._assignments(stmt, cond, facts, bound, ctx, guards)
+                predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, nonempty)
             except Decline as where_reason:
                 calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
                 if not calls:
                     raise
                 try:
-                    predicated = self._cond(stmt, cond, facts, bound, ctx, guards)
+                    predicated, grad = self._cond(stmt, cond, facts, bound, ctx, guards), None
                 except Decline as cond_reason:
                     raise Decline(f"torch.where: {where_reason.reason}; torch.cond: {cond_reason.reason}") from None
-        check: ast.expr = ast.Call(func=ctx.runtime("predicable"), args=[load_name(cond)], keywords=[])
-        if guards:
-            check = ast.BoolOp(op=ast.And(), values=[check, *guards])
-        guarded: list[ast.stmt] = [
-            assign_to(store_name(cond), lowered),
-            ast.If(test=check, body=predicated, orelse=[fallback]),
-        ]
-        if static is not None:
+        guarded = self._guarded([(cond, lowered)], guards, grad, predicated, fallback, ctx)
+        if static is not None and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or):
+            ctx.notes.append(f"static test `{ast.unparse(static)}` kept as a Python if, its branch as written")
+            out: list[ast.stmt] = [ast.If(test=static, body=copy.deepcopy(stmt.body), orelse=guarded)]
+        elif static is not None:
             ctx.notes.append(f"static test `{ast.unparse(static)}` kept as a Python if")
-            out: list[ast.stmt] = [ast.If(test=static, body=guarded, orelse=copy.deepcopy(stmt.orelse))]
+            out = [ast.If(test=static, body=guarded, orelse=copy.deepcopy(stmt.orelse))]
         else:
             out = guarded
-        for node in out:
-            ast.copy_location(node, stmt)
-        return [ast.fix_missing_locations(_relocate(node, stmt)) for node in out]
+        return _placed(out, stmt)
+
+    def _chain(self, stmt: ast.If, arms: list[Arm], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.stmt]:
+        """``if t0: B0 elif t1: B1 ... else: E``: every test evaluated up front, every
+        branch computed, the result selected with nested ``torch.where``. A test after
+        the first ran only when the ones before were false: it must be safe to
+        evaluate on every call (pure, no reduction of a possibly empty tensor)."""
+        bound = bound_before(ctx.fdef, stmt)
+        tests: list[tuple[str, ast.expr]] = []
+        named: list[Arm] = []
+        nonempty: frozenset[str] = frozenset()
+        for index, (test, body) in enumerate(arms):
+            if test is None:
+                named.append((None, body))
+                break
+            where = "the test" if index == 0 else f"the elif test `{ast.unparse(test)}`"
+            static, tensor_test = self._split_test(test, facts)
+            if static is not None:
+                raise Decline(f"{where} of an elif chain has a static conjunct `{ast.unparse(static)}`")
+            if index > 0 or has_boolops(test):  # evaluated where the original might not have
+                empty = Emptiness(nonempty_names(test, facts) if index == 0 else nonempty)
+                for reason in speculation_blockers(test, facts, bound, empty):
+                    raise Decline(f"{where}: {reason}")
+            check_lowerable(test, facts)
+            nonempty = nonempty | nonempty_names(test, facts)
+            cond = ctx.fresh("c")
+            tests.append((cond, lower(test, facts, ctx)))
+            named.append((cond, body))
+        guards: list[ast.expr] = []
+        if all(_returns_a_value(body) for _, body in named):
+            predicated, grad = self._returns(named, facts, bound, ctx, guards, nonempty)
+            ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
+        else:
+            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty)
+        fallback: list[ast.stmt] = copy.deepcopy(named[-1][1])
+        for (cond, lowered), (test, body) in reversed(list(zip(tests, arms))):
+            original_test = load_name(cond) if lowered is test else copy.deepcopy(test)
+            fallback = [ast.If(test=original_test, body=copy.deepcopy(body), orelse=fallback)]
+        return _placed(self._guarded(tests, guards, grad, predicated, fallback[0], ctx), stmt)
+
+    @staticmethod
+    def _guarded(
+        tests: list[tuple[str, ast.expr]],
+        guards: list[ast.expr],
+        grad: list[str] | None,
+        predicated: list[ast.stmt],
+        fallback: ast.stmt,
+        ctx: RewriteContext,
+    ) -> list[ast.stmt]:
+        """The tests bound to names, then the predicated code where every test is
+        ``predicable`` and every guard holds, else the original. ``grad``: the form
+        keeps eager's gradients once these roots are ``grad_free`` (None: it does not,
+        and autograd takes the original)."""
+        check = "predicable" if grad is None else "predicable_with_grad"
+        checks: list[ast.expr] = [ast.Call(func=ctx.runtime(check), args=[load_name(c)], keywords=[]) for c, _ in tests]
+        if grad:
+            checks.append(ast.Call(func=ctx.runtime("grad_free"), args=[select.root_expr(r) for r in grad], keywords=[]))
+            names = ", ".join(f"`{r}`" for r in grad)
+            ctx.notes.append(
+                f"under autograd only while {names} need no grad: one branch alone reaches them, "
+                "and eager leaves their .grad None when it is not taken"
+            )
+        checks += guards
+        if grad is None:
+            ctx.notes.append("under autograd the original branch runs")
+        check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
+        return [
+            *(assign_to(store_name(cond), lowered) for cond, lowered in tests),
+            ast.If(test=check, body=predicated, orelse=[fallback]),
+        ]
 
     # -- the test ----------------------------------------------------------------
 
@@ -168,15 +275,17 @@ class Where(CondForm, TrailingCallForm, Rule):
         return nonempty_names(self._split_test(stmt.test, facts)[1], facts)
 
     def _split_test(self, test: ast.expr, facts: FunctionFacts) -> tuple[ast.expr | None, ast.expr]:
-        """(static conjunct or None, tensor part)."""
-        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        """(static operand or None, tensor part) of ``s and t`` or ``s or t``: the
+        static operands (all of them first) become a Python ``if``, their ``and`` /
+        ``or`` kept (``isinstance(test, ast.BoolOp)`` and its ``op`` tell which)."""
+        if isinstance(test, ast.BoolOp):
             static = [v for v in test.values if self._is_static(v, facts)]
             dynamic = [v for v in test.values if not self._is_static(v, facts)]
             if static and dynamic:
                 if test.values.index(dynamic[0]) < test.values.index(static[-1]):
-                    raise Decline("a static conjunct after a tensor conjunct would change evaluation order")
-                static_expr = static[0] if len(static) == 1 else ast.BoolOp(op=ast.And(), values=static)
-                tensor = dynamic[0] if len(dynamic) == 1 else ast.BoolOp(op=ast.And(), values=dynamic)
+                    raise Decline("a static operand after a tensor operand would change evaluation order")
+                static_expr = static[0] if len(static) == 1 else ast.BoolOp(op=copy.deepcopy(test.op), values=static)
+                tensor = dynamic[0] if len(dynamic) == 1 else ast.BoolOp(op=copy.deepcopy(test.op), values=dynamic)
                 return static_expr, tensor
         return None, test
 
@@ -188,7 +297,11 @@ class Where(CondForm, TrailingCallForm, Rule):
             return False
         for sub in ast.walk(node):
             if isinstance(sub, ast.Call):
-                if not (isinstance(sub.func, ast.Name) and sub.func.id in ("hasattr", "isinstance", "len")):
+                func = sub.func
+                if not (
+                    isinstance(func, ast.Name) and func.id in ("hasattr", "isinstance", "len")
+                    or isinstance(func, ast.Attribute) and func.attr in ("dim", "size", "numel", "is_floating_point")
+                ):
                     return False
             if isinstance(sub, ast.Attribute) and sub.attr in ("sum", "any", "all", "item", "max", "min"):
                 return False
@@ -197,39 +310,62 @@ class Where(CondForm, TrailingCallForm, Rule):
     # -- return form -------------------------------------------------------------
 
     @staticmethod
-    def _is_return_form(stmt: ast.If) -> bool:
-        return (
-            len(stmt.body) == 1
-            and len(stmt.orelse) == 1
-            and isinstance(stmt.body[0], ast.Return)
-            and isinstance(stmt.orelse[0], ast.Return)
-            and stmt.body[0].value is not None
-            and stmt.orelse[0].value is not None
-        )
+    def _after_early_return(stmt: ast.If, ctx: RewriteContext) -> list[ast.stmt] | None:
+        """For ``if c: ...; return a`` with no else, at the top level of the function and
+        followed by statements that end in ``return b``: those statements (the path
+        where ``c`` is false). None for any other ``if``."""
+        if stmt.orelse or not _returns_a_value(stmt.body):
+            return None
+        index = next((i for i, node in enumerate(ctx.fdef.body) if node is stmt), None)
+        if index is None:
+            raise Decline("an early return inside a loop or block: the rest of the function is not one straight path")
+        rest = ctx.fdef.body[index + 1 :]
+        if not _returns_a_value(rest):
+            raise Decline("an early return where the function does not end in `return <value>`")
+        return rest
 
     def _returns(
-        self, stmt: ast.If, cond: str, facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr]
-    ) -> list[ast.stmt]:
+        self, arms: list[Arm], facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr], nonempty: frozenset[str]
+    ) -> tuple[list[ast.stmt], list[str]]:
+        """Each branch (assignments to names, then ``return v``) into temporaries, the
+        selected value returned; with the roots ``grad_free`` must clear for autograd."""
         values = []
         body: list[ast.stmt] = []
-        for ret, side in ((stmt.body[0], "t"), (stmt.orelse[0], "f")):
+        is_function = select.functions(facts, ctx)
+        conds = [cond for cond, _ in arms if cond is not None]
+        reaches = []
+        for index, (_, block) in enumerate(arms):
+            *setup, ret = block
             assert isinstance(ret, ast.Return) and ret.value is not None
-            empty = Emptiness(self._nonempty(stmt, facts), frozenset(bound))
-            for reason in speculation_blockers(ret.value, facts, bound, empty):
+            assignments = select.assigned(setup)
+            if any(target.startswith("self.") for target, _ in assignments):
+                raise Decline("a branch that returns also stores an attribute")
+            when = select.taken(conds, index, ctx)
+            gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, body)
+            stem = select.side(index, len(arms))
+            env = self._speculate(setup, stem, facts, bound, ctx, body, when, guards, nonempty, gates)
+            empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
+            for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
             guard_nonempty(empty, ctx, guards)
-            temp = ctx.fresh(side)
-            body.append(assign_to(store_name(temp), copy.deepcopy(ret.value)))
+            temp = ctx.fresh(stem)
+            body.append(assign_to(store_name(temp), Substitute({**gates, **env}).visit(copy.deepcopy(ret.value))))
             values.append(temp)
-        where = ast.Call(func=ctx.torch("where"), args=[load_name(cond), load_name(values[0]), load_name(values[1])], keywords=[])
+            reached, _ = block_reach(assignments, is_function)
+            reaches.append(reach(ret.value, reached, is_function))
+        conds = [cond for cond, _ in arms if cond is not None]
+        same = [ast.Call(func=ctx.runtime("same_meta"), args=[load_name(values[0]), load_name(v)], keywords=[]) for v in values[1:]]
+        chosen = load_name(values[-1])
+        for cond, value in reversed(list(zip(conds, values))):
+            chosen = ast.IfExp(test=load_name(cond), body=load_name(value), orelse=chosen)
         body.append(
             ast.If(
-                test=ast.Call(func=ctx.runtime("same_meta"), args=[load_name(values[0]), load_name(values[1])], keywords=[]),
-                body=[ast.Return(value=where)],
-                orelse=[ast.Return(value=ast.IfExp(test=load_name(cond), body=load_name(values[0]), orelse=load_name(values[1])))],
+                test=same[0] if len(same) == 1 else ast.BoolOp(op=ast.And(), values=same),
+                body=[ast.Return(value=select.selected(conds, [load_name(v) for v in values], ctx, grad=True))],
+                orelse=[ast.Return(value=chosen)],
             )
         )
-        return body
+        return body, checked_at_run_time(reaches)
 
     # The torch.cond form (CondForm) and the trailing-call forms (TrailingCallForm)
     # are in _where_cond.py and _where_call.py.
@@ -239,59 +375,81 @@ class Where(CondForm, TrailingCallForm, Rule):
     def _assignments(
         self,
         stmt: ast.If,
-        cond: str,
+        arms: list[Arm],
         facts: FunctionFacts,
         bound: set[str],
         ctx: RewriteContext,
-        guards: list[ast.expr] | None = None,
-    ) -> list[ast.stmt]:
+        guards: list[ast.expr],
+        nonempty: frozenset[str],
+    ) -> tuple[list[ast.stmt], list[str] | None]:
+        """Each branch's assignments into temporaries, each target selected; with the
+        roots ``grad_free`` must clear for autograd (None: autograd takes the original)."""
         body: list[ast.stmt] = []
-        guards = guards if guards is not None else []
-        nonempty = self._nonempty(stmt, facts)
-        true_env = self._speculate(stmt.body, "t", facts, bound, ctx, body, cond, guards, nonempty)
-        false_env = self._speculate(stmt.orelse, "f", facts, bound, ctx, body, cond, guards, nonempty)
-        targets = list(dict.fromkeys(list(true_env) + list(false_env)))
+        conds = [cond for cond, _ in arms if cond is not None]
+        is_function = select.functions(facts, ctx)
+        inplace: set[str] = set()
+        # A store to self.<attr> or an in-place update under autograd would keep a graph
+        # in the module, or bump a saved tensor's version: autograd takes the original.
+        grad = not any(
+            key.startswith("self.") for _, block in arms for key, _ in select.assigned(block)
+        ) and not any(select.in_place(node) for _, block in arms for node in block)
+        envs = []
+        for index, (_, block) in enumerate(arms):
+            when = select.taken(conds, index, ctx)
+            gates = select.gated(select.assigned(block), when, is_function, ctx, body) if grad else {}
+            stem = select.side(index, len(arms))
+            envs.append(self._speculate(block, stem, facts, bound, ctx, body, when, guards, nonempty, gates, inplace))
+        targets = list(dict.fromkeys(target for env in envs for target in env))
         if not targets:
             raise Decline("the branches assign nothing")
         read_after = self._read_outside(ctx.fdef, stmt)
-        selects: list[tuple[str, str, str]] = []  # (target, true temp/expr, false temp/expr)
+        selects: list[tuple[str, list[str]]] = []  # (target, its value on each path: a temp, or the target unchanged)
         for target in targets:
             is_attr = target.startswith("self.")
             pre_bound = is_attr or target in bound
-            if not pre_bound and (target not in true_env or target not in false_env):
+            if not pre_bound and not all(target in env for env in envs):
                 if target in read_after:
                     raise Decline(f"`{target}` is assigned on one path only and read after the if")
                 continue  # a temporary of one branch, never read afterwards
-            selects.append((target, true_env.get(target, target), false_env.get(target, target)))
+            selects.append((target, [env.get(target, target) for env in envs]))
         if not selects:
             raise Decline("the branches only assign temporaries")
         meta_checks = [
-            ast.Call(func=ctx.runtime("same_meta"), args=[self._ref(t), self._ref(f)], keywords=[])
-            for _, t, f in selects
+            ast.Call(func=ctx.runtime("same_meta"), args=[self._ref(values[0]), self._ref(v)], keywords=[])
+            for _, values in selects
+            for v in values[1:]
         ]
         guard = meta_checks[0] if len(meta_checks) == 1 else ast.BoolOp(op=ast.And(), values=meta_checks)
         predicated: list[ast.stmt] = []
-        chosen_true: list[ast.stmt] = []
-        chosen_false: list[ast.stmt] = []
-        for target, t, f in selects:
-            where = ast.Call(func=ctx.torch("where"), args=[load_name(cond), self._ref(t), self._ref(f)], keywords=[])
-            predicated.append(self._store_stmt(target, where, ctx))
-            if t != target:
-                chosen_true.append(self._store_stmt(target, self._ref(t), ctx, plain=True))
-            if f != target:
-                chosen_false.append(self._store_stmt(target, self._ref(f), ctx, plain=True))
-        body.append(
-            ast.If(
-                test=guard,
-                body=predicated,
-                orelse=[ast.If(test=load_name(cond), body=chosen_true or [ast.Pass()], orelse=chosen_false)],
-            )
-        )
-        kinds = "buffer/attribute" if any(t.startswith("self.") for t, _, _ in selects) else "names"
-        ctx.notes.append(
-            f"{'if/else' if stmt.orelse else 'if'} predicated with torch.where ({', '.join(t for t, _, _ in selects)}; {kinds})"
-        )
-        return body
+        chosen: list[list[ast.stmt]] = [[] for _ in arms]
+        for target, values in selects:
+            chosen_value = select.selected(conds, [self._ref(v) for v in values], ctx, grad)
+            if target in inplace:
+                copy_back = ast.Attribute(value=self._ref(target), attr="copy_", ctx=ast.Load())
+                predicated.append(ast.Expr(value=ast.Call(func=copy_back, args=[chosen_value], keywords=[])))
+            else:
+                predicated.append(self._store_stmt(target, chosen_value, ctx))
+            for index, value in enumerate(values):
+                if value != target:
+                    chosen[index].append(self._store_stmt(target, self._ref(value), ctx, plain=True))
+        plain: list[ast.stmt] = chosen[-1]
+        for cond, block in reversed(list(zip(conds, chosen))):
+            plain = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=plain)]
+        if inplace:  # the values computed are pure: the original statements run instead
+            plain = [select.original(arms)]
+        body.append(ast.If(test=guard, body=predicated, orelse=plain))
+        kinds = "in place" if inplace else "buffer/attribute" if any(t.startswith("self.") for t, _ in selects) else "names"
+        shape = f"if/elif ({len(arms)} ways)" if len(arms) > 2 else ("if/else" if arms[-1][1] else "if")
+        nested = "nested torch.where" if len(arms) > 2 else "torch.where"
+        ctx.notes.append(f"{shape} predicated with {nested} ({', '.join(t for t, _ in selects)}; {kinds})")
+        if not grad:
+            return body, None
+        reaches = []
+        for index, (_, block) in enumerate(arms):
+            reached, _ = block_reach(select.assigned(block), is_function)
+            unchanged = [Reach(frozenset({t}), frozenset({t})) for t, values in selects if values[index] == t]
+            reaches.append(Reach().union(*(reached[t] for t, values in selects if values[index] != t), *unchanged))
+        return body, checked_at_run_time(reaches)
 
     @staticmethod
     def _ref(name: str) -> ast.expr:
@@ -318,33 +476,59 @@ class Where(CondForm, TrailingCallForm, Rule):
         bound: set[str],
         ctx: RewriteContext,
         out: list[ast.stmt],
-        cond: str | None = None,
+        taken: ast.expr | None = None,
         guards: list[ast.expr] | None = None,
         nonempty: frozenset[str] = frozenset(),
+        gates: dict[str, str] | None = None,
+        inplace: set[str] | None = None,
     ) -> dict[str, str]:
+        """Each assignment of ``block`` into a fresh temporary (``env``: target -> temp),
+        appended to ``out``; ``taken``: when the branch would have run (a trapped check
+        in it fires only then). With ``inplace``, a last statement ``t.add_(v)`` (and the
+        other ``select.IN_PLACE`` updates) of a tensor bound before is one more target,
+        its new value computed out of place; its key is added to ``inplace``."""
         env: dict[str, str] = {}
         known = set(bound)
         for node in block:
             trapped = _trapped_check(node)
-            if trapped is not None and cond is not None and guards is not None:
-                out.append(self._regate(trapped, side, cond, env, facts, known, ctx, guards))
+            if trapped is not None and taken is not None and guards is not None:
+                out.append(self._regate(trapped, copy.deepcopy(taken), env, facts, known, ctx, guards))
                 continue
-            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            effect = select.deferred_effect(node)
+            if effect is not None and taken is not None and guards is not None:
+                empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
+                for reason in deferred_blockers(effect, facts, known | set(env), empty):
+                    raise Decline(f"`{ast.unparse(node)}` in the branch: {reason}")
+                guard_nonempty(empty, ctx, guards)
+                call = Substitute(env).visit(copy.deepcopy(node.value))  # the values, not their gated copies
+                call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))  # type: ignore[attr-defined]
+                out.append(ast.Expr(value=call))
+                note = "a deferred effect in a branch happens only when its branch would have run"
+                ctx.notes += [note] if note not in ctx.notes else []
+                continue
+            update = select.in_place(node) if inplace is not None else None
+            if update is not None:
+                key, computed = update
+                if node is not block[-1]:
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update before other statements of its branch")
+                if key in env:
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value the branch assigned")
+                if not (key.startswith("self.") or key in bound):
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value not bound before the if")
+                inplace.add(key)  # type: ignore[union-attr]
+            elif not isinstance(node, ast.Assign) or len(node.targets) != 1:
                 raise Decline("a branch holds a statement other than a single-target assignment")
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                key = target.id
-            elif is_self_attr(target):
-                key = ast.unparse(target)
+            elif isinstance(node.targets[0], ast.Name) or is_self_attr(node.targets[0]):
+                key, computed = ast.unparse(node.targets[0]), node.value
             else:
-                raise Decline(f"assignment to `{ast.unparse(target)}` (only names and self.<attr> are predicated)")
+                raise Decline(f"assignment to `{ast.unparse(node.targets[0])}` (only names and self.<attr> are predicated)")
             guardable = frozenset(bound) - set(env) if guards is not None else frozenset()
             empty = Emptiness(nonempty - set(env), guardable)
-            for reason in speculation_blockers(node.value, facts, known | set(env), empty):
+            for reason in speculation_blockers(computed, facts, known | set(env), empty):
                 raise Decline(f"`{ast.unparse(node)}`: {reason}")
             if guards is not None:
                 guard_nonempty(empty, ctx, guards)
-            value = Substitute(env).visit(copy.deepcopy(node.value))
+            value = Substitute({**(gates or {}), **env}).visit(copy.deepcopy(computed))
             temp = ctx.fresh(side)
             out.append(assign_to(store_name(temp), value))
             env[key] = temp
@@ -354,8 +538,7 @@ class Where(CondForm, TrailingCallForm, Rule):
     def _regate(
         self,
         trapped: tuple[str, ast.Call],
-        side: str,
-        cond: str,
+        taken: ast.expr,
         env: dict[str, str],
         facts: FunctionFacts,
         known: set[str],
@@ -364,18 +547,13 @@ class Where(CondForm, TrailingCallForm, Rule):
     ) -> ast.stmt:
         """A check [Trap] already rewrote inside this branch: it may only fire
         when its branch would have run, so its flag is and-ed with the test."""
-        from graphmend.rules.trap import _deferred_blockers
-
         flag_name, call = trapped
         if flag_name not in env:
             raise Decline("a trapped check whose flag is not computed in the same branch")
         site, flag, exc, args = call.args
-        for reason in _deferred_blockers(args, facts, known | set(env)):
+        for reason in deferred_blockers(args, facts, known | set(env)):
             raise Decline(f"the message of a check in the branch: {reason}")
         flag = Substitute(env).visit(copy.deepcopy(flag))
-        taken: ast.expr = load_name(cond)
-        if side == "f":
-            taken = ast.Call(func=ctx.torch("logical_not"), args=[taken], keywords=[])
         ctx.notes.append("a validation check inside the branch fires only when its branch would have run")
         regated = ast.Call(
             func=ctx.runtime("trap"),
@@ -420,6 +598,16 @@ def _trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
     ):
         return None
     return test.args[0].id, inner.value
+
+
+def _returns_a_value(block: list[ast.stmt]) -> bool:
+    return bool(block) and isinstance(block[-1], ast.Return) and block[-1].value is not None
+
+
+def _placed(out: list[ast.stmt], origin: ast.stmt) -> list[ast.stmt]:
+    for node in out:
+        ast.copy_location(node, origin)
+    return [ast.fix_missing_locations(_relocate(node, origin)) for node in out]  # type: ignore[misc]
 
 
 def _relocate(node: ast.AST, origin: ast.stmt) -> ast.AST:

@@ -76,6 +76,7 @@ from graphmend.runtime.records import (
     Site,
     Trap,
     Warn,
+    _is_deferred,
     _log_now,
     _module_of,
     _perform_call,
@@ -168,13 +169,36 @@ def lazy(kind: str, value: Any) -> Any:
 # the deferred calls
 
 
-def print_(site: Site, args: tuple, kwargs: dict) -> None:
-    """``print(*args, **kwargs)``."""
-    if not _recording():
+def _shows_autograd(value: Any) -> bool:
+    """Whether the text of ``value`` names autograd: a tensor that requires grad
+    prints ``grad_fn=<...>`` or ``requires_grad=True``, which a snapshot (a
+    detached copy) would lose. Such a call acts at once (a graph break where it
+    is compiled), so its text is eager's. A parameter is recorded as itself; a
+    host conversion at flush (``lazy``) shows only the number. Dynamo decides
+    this while tracing: ``requires_grad`` is part of what it guards on."""
+    if isinstance(value, torch.nn.Parameter):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if _is_deferred(value) and value[1] == _FSTR:  # a part with a format spec shows the number only
+        return any(_shows_autograd(p if isinstance(p, str) or p[1] or not p[2] else None) for p in value[2])
+    if _is_deferred(value):
+        return value[1] != _LAZY and any(_shows_autograd(v) for v in value[2:])
+    if type(value) in (tuple, list):
+        return any(_shows_autograd(v) for v in value)
+    if type(value) is dict:
+        return any(_shows_autograd(v) for v in value.values())
+    return False
+
+
+def print_(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
+    """``print(*args, **kwargs)``; in a branch [Where] computes on every call, only
+    ``when`` its branch is taken (a 0-dim bool tensor, read at flush)."""
+    if not _recording() or _shows_autograd((args, kwargs)):
         _exported(site, "print")
-        _print_now(args, kwargs)
+        _print_now(args, kwargs, when)
     else:
-        _push(Print(site, _snap(args), _snap(kwargs)))
+        _push(Print(site, _snap(args), _snap(kwargs), _snap(when)))
 
 
 LEVELS = {  # a logger method's level (the [Defer] rule reads it too)
@@ -190,27 +214,28 @@ LEVELS = {  # a logger method's level (the [Defer] rule reads it too)
 }
 
 
-def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict) -> None:
-    """``logger.<method>(*args, **kwargs)``; a disabled level records nothing."""
+def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict, when: Any = None) -> None:
+    """``logger.<method>(*args, **kwargs)``; a disabled level records nothing; ``when``
+    as ``print_``'s."""
     if not isinstance(logger, logging.Logger):
         _exported(site, f"call of `{method}`")
-        _perform_call(logger, method, args, kwargs)
+        _perform_call(logger, method, args, kwargs, when)
         return
-    if not _recording():
+    if not _recording() or _shows_autograd((args, kwargs)):
         _exported(site, f"`logger.{method}` call")
-        _log_now(site, logger, method, args, kwargs)
+        _log_now(site, logger, method, args, kwargs, when)
         return
     if _ENABLED.get(site, True):
-        _push(Log(site, logger, method, _snap(args), _snap(kwargs)))
+        _push(Log(site, logger, method, _snap(args), _snap(kwargs), _snap(when)))
 
 
-def warn(site: Site, args: tuple, kwargs: dict) -> None:
-    """``warnings.warn(*args, **kwargs)`` (stacklevel 1)."""
-    if not _recording():
+def warn(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
+    """``warnings.warn(*args, **kwargs)`` (stacklevel 1); ``when`` as ``print_``'s."""
+    if not _recording() or _shows_autograd((args, kwargs)):
         _exported(site, "`warnings.warn` call")
-        _warn_now(site, args, kwargs)
+        _warn_now(site, args, kwargs, when)
     else:
-        _push(Warn(site, _snap(args), _snap(kwargs)))
+        _push(Warn(site, _snap(args), _snap(kwargs), _snap(when)))
 
 
 # --------------------------------------------------------------------------
@@ -232,6 +257,77 @@ def predicable(cond: Any) -> bool:
         and cond.dim() == 0
         and not torch.is_grad_enabled()
     )
+
+
+def predicable_with_grad(cond: Any) -> bool:
+    """A 0-dim bool tensor, in either autograd mode: for a select [Where] proved
+    keeps eager's gradients (the branch not taken cut from autograd where its
+    backward could make NaN, ``grad_gate``; what one branch alone reaches
+    checked by ``grad_free``)."""
+    return isinstance(cond, torch.Tensor) and cond.dtype == torch.bool and cond.dim() == 0
+
+
+def grad_free(*values: Any) -> bool:
+    """Autograd off, or none of ``values`` (what one branch may reach and another
+    not surely) requires grad: a select would give such a tensor a zero
+    ``.grad`` where eager may leave ``None``. A value that may hold tensors
+    (a module, an object) is not proven free."""
+    return not torch.is_grad_enabled() or not any(_may_need_grad(v) for v in values)
+
+
+def _may_need_grad(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device)):
+        return False
+    if type(value) in (tuple, list):
+        return any(_may_need_grad(v) for v in value)
+    return True
+
+
+def grad_gate(taken: Any, value: Any) -> Any:
+    """``value``, whose gradient is kept where its branch runs (``taken``) and is
+    ``-0.0`` where it does not: whatever the branch's operations make of the
+    select's ``-0.0`` there (a mask's ``+0.0``, ``0 * inf``), the tensors it read
+    get ``-0.0`` added, which leaves their gradients bit for bit as eager's."""
+    if type(value) in (tuple, list):
+        return type(value)(grad_gate(taken, v) for v in value)
+    if isinstance(value, torch.Tensor) and value.requires_grad and torch.is_grad_enabled():
+        return _Gate.apply(taken, value)
+    return value
+
+
+def select(cond: Any, a: Any, b: Any) -> Any:
+    """``torch.where(cond, a, b)``; under autograd its backward gives the side not
+    chosen ``-0.0`` (``torch.where`` gives ``+0.0``, and ``x + 0.0`` is not ``x``
+    when ``x`` is ``-0.0``)."""
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in (a, b)):
+        return _Select.apply(cond, a, b)
+    return torch.where(cond, a, b)
+
+
+class _Gate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, taken: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(taken)
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (taken,) = ctx.saved_tensors
+        return None, torch.where(taken, grad, -0.0)
+
+
+class _Select(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cond)
+        return torch.where(cond, a, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (cond,) = ctx.saved_tensors
+        return None, torch.where(cond, grad, -0.0), torch.where(cond, -0.0, grad)
 
 
 def same_meta(a: Any, b: Any) -> bool:

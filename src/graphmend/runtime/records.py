@@ -37,11 +37,13 @@ def _is_deferred(value: Any) -> bool:
 
 
 class Print(NamedTuple):
-    """``print(*args, **kwargs)``."""
+    """``print(*args, **kwargs)``; only if ``when`` (a 0-dim bool tensor: the call sits
+    in a branch [Where] computed on every call) is None or true."""
 
     site: Site
     args: tuple
     kwargs: dict
+    when: Any = None
 
 
 class Log(NamedTuple):
@@ -52,6 +54,7 @@ class Log(NamedTuple):
     method: str
     args: tuple
     kwargs: dict
+    when: Any = None  # as Print's
 
 
 class Warn(NamedTuple):
@@ -60,6 +63,7 @@ class Warn(NamedTuple):
     site: Site
     args: tuple
     kwargs: dict
+    when: Any = None  # as Print's
 
 
 class Trap(NamedTuple):
@@ -148,22 +152,31 @@ def _find_caller(logger: logging.Logger, original: Any) -> Any:
     return find_caller
 
 
-def _perform_print(args: tuple, kwargs: dict) -> None:
-    print(*_resolve(args), **_resolve(kwargs))
+def _skipped(when: Any) -> bool:
+    """A call in a branch not taken (``when`` false): it does nothing."""
+    return when is not None and not bool(when)
+
+
+def _perform_print(args: tuple, kwargs: dict, when: Any = None) -> None:
+    if not _skipped(when):
+        print(*_resolve(args), **_resolve(kwargs))
 
 
 @torch.compiler.disable
-def _perform_call(target: Any, method: str, args: tuple, kwargs: dict) -> None:
-    getattr(target, method)(*_resolve(args), **_resolve(kwargs))
+def _perform_call(target: Any, method: str, args: tuple, kwargs: dict, when: Any = None) -> None:
+    if not _skipped(when):
+        getattr(target, method)(*_resolve(args), **_resolve(kwargs))
 
 
-def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, kwargs: dict) -> None:
+def _call_logger(site: Site, logger: logging.Logger, method: str, args: tuple, kwargs: dict, when: Any = None) -> None:
     """Call the real logger method, with the record placed where eager put it.
 
     A method of ``logging.Logger`` itself reports its caller (the original
     site), so the call is relocated there. A method defined elsewhere
     (transformers' ``warning_once``) reports its own frame, as it does when
     called from here: it is called as is."""
+    if _skipped(when):
+        return
     args, kwargs = _resolve(args), _resolve(kwargs)
     function = getattr(getattr(type(logger), method, None), "__module__", None)
     if function != logging.__name__:
@@ -209,22 +222,27 @@ def _warn_explicit(site: Site, args: tuple, kwargs: dict) -> None:
     )
 
 
-def _warn_resolved(site: Site, args: tuple, kwargs: dict) -> None:
-    _warn_explicit(site, _resolve(args), _resolve(kwargs))
+def _warn_resolved(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
+    if not _skipped(when):
+        _warn_explicit(site, _resolve(args), _resolve(kwargs))
 
 
 # The immediate paths are reached from traced code (a mended function compiled
 # outside a region): Dynamo must not trace into them. The flush below runs
 # eagerly and calls the plain functions, without the disable wrappers' cost.
-_print_now = torch.compiler.disable(_perform_print)
-_log_now = torch.compiler.disable(_call_logger)
-_warn_now = torch.compiler.disable(_warn_resolved)
+# The reason shows in Dynamo's break message, and in graphmend's report ("still breaks").
+AT_ONCE = "graphmend: run at once, as the original: no deferral region is open, or its text names autograd"
+_print_now = torch.compiler.disable(_perform_print, reason=AT_ONCE)
+_log_now = torch.compiler.disable(_call_logger, reason=AT_ONCE)
+_warn_now = torch.compiler.disable(_warn_resolved, reason=AT_ONCE)
 
 
 def flush(records: list) -> None:
     """Perform recorded effects in order; a set trap raises and ends the flush."""
     for record in records:
         kind = type(record)
+        if kind in (Print, Log, Warn) and _skipped(record.when):
+            continue
         if kind is Print:
             _perform_print(record.args, record.kwargs)
         elif kind is Log:

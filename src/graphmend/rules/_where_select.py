@@ -1,0 +1,181 @@
+"""The select of [Where]: the arms of an ``if/elif/.../else`` chain, when each
+runs, the nested ``torch.where`` that picks among them, and under autograd the
+gates that keep a branch not taken from changing gradients
+(``analysis/gradients.py``). Part of the [Where] rule (where.py)."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import types
+from typing import Callable
+
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.gradients import block_reach, signs_kept
+from graphmend.analysis.source import RUNTIME_NAME
+from graphmend.rules import RewriteContext
+from graphmend.rules._ast import assign_to, is_self_attr, load_name, store_name
+
+Arm = tuple[str | None, list[ast.stmt]]  # (the name the test is bound to, None for the else; the branch)
+
+
+def arms(stmt: ast.If, ctx: RewriteContext) -> list[tuple[ast.expr | None, list[ast.stmt]]]:
+    """``if t0: B0 elif t1: B1 ... else: E`` -> ``[(t0, B0), (t1, B1), ..., (None, E)]``.
+    An ``elif`` an earlier site of this pass already rewrote is read as the original."""
+    found: list[tuple[ast.expr | None, list[ast.stmt]]] = []
+    node: ast.stmt | None = stmt
+    while isinstance(node, ast.If):
+        found.append((node.test, node.body))
+        inner = ctx.original_of(node.orelse)
+        if not isinstance(inner, ast.If):
+            found.append((None, node.orelse))
+            break
+        node = inner
+    return found
+
+
+def assigned(block: list[ast.stmt]) -> list[tuple[str, ast.expr]]:
+    """A branch's single-target assignments as ``(target, value)``, target a name or
+    ``self.<attr>`` (``_speculate`` declines anything else)."""
+    out = []
+    for node in block:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) or is_self_attr(target):
+                out.append((ast.unparse(target), node.value))
+    return out
+
+
+def functions(facts: FunctionFacts, ctx: RewriteContext) -> Callable[[str], bool]:
+    """Whether a bare name is a function or module (``torch``, ``F``, builtins), not a value."""
+
+    def is_function(name: str) -> bool:
+        if name in facts.local_names:
+            return False
+        value = ctx.globals.get(name, getattr(builtins, name, None))
+        return callable(value) or isinstance(value, types.ModuleType)
+
+    return is_function
+
+
+def gated(
+    assignments: list[tuple[str, ast.expr]],
+    taken: ast.expr,
+    is_function: Callable[[str], bool],
+    ctx: RewriteContext,
+    out: list[ast.stmt],
+) -> dict[str, str]:
+    """Under autograd, a branch whose operations might not hand the select's
+    ``-0.0`` gradients on as ``-0.0`` when it is not taken reads its inputs
+    through ``runtime.grad_gate`` (``-0.0`` where not taken): one binding per
+    root it reads, appended to ``out``. None needed when ``signs_kept``."""
+    if signs_kept([value for _, value in assignments]):
+        return {}
+    _, reads = block_reach(assignments, is_function)
+    gates: dict[str, str] = {}
+    for root in sorted(reads):
+        temp = ctx.fresh("g")
+        call = ast.Call(func=ctx.runtime("grad_gate"), args=[copy.deepcopy(taken), root_expr(root)], keywords=[])
+        out.append(assign_to(store_name(temp), call))
+        gates[root] = temp
+    return gates
+
+
+def root_expr(root: str) -> ast.expr:
+    return ast.parse(root, mode="eval").body
+
+
+def side(index: int, count: int) -> str:
+    """The stem of a branch's temporaries: ``t`` first, ``f`` for the else, ``e`` between."""
+    return "t" if index == 0 else "f" if index == count - 1 else "e"
+
+
+def taken(conds: list[str], index: int, ctx: RewriteContext) -> ast.expr:
+    """When arm ``index`` runs: its test true (none for the else) and every earlier test false."""
+    parts: list[ast.expr] = [ast.Call(func=ctx.torch("logical_not"), args=[load_name(c)], keywords=[]) for c in conds[:index]]
+    if index < len(conds):
+        parts.append(load_name(conds[index]))
+    out = parts[0]
+    for part in parts[1:]:
+        out = ast.Call(func=ctx.torch("logical_and"), args=[out, part], keywords=[])
+    return out
+
+
+def selected(conds: list[str], values: list[ast.expr], ctx: RewriteContext, grad: bool) -> ast.expr:
+    """``torch.where(c0, v0, torch.where(c1, v1, ... v_else))``; with ``grad``,
+    ``runtime.select`` (``torch.where`` whose backward gives the side not chosen
+    ``-0.0``)."""
+    where = ctx.runtime("select") if grad else ctx.torch("where")
+    out = values[-1]
+    for cond, value in reversed(list(zip(conds, values))):
+        out = ast.Call(func=copy.deepcopy(where), args=[load_name(cond), value, out], keywords=[])
+    return out
+
+
+# In-place updates a branch may end with: ``t.<name>(...)`` becomes ``t.copy_(v)``
+# of the value computed out of place (``None``: ``copy_``'s argument itself).
+IN_PLACE = {
+    "copy_": None,
+    "add_": "add",
+    "sub_": "sub",
+    "mul_": "mul",
+    "div_": "div",
+    "clamp_": "clamp",
+    "clamp_min_": "clamp_min",
+    "clamp_max_": "clamp_max",
+    "masked_fill_": "masked_fill",
+}
+
+
+def in_place(node: ast.stmt) -> tuple[str, ast.expr] | None:
+    """``t.add_(v)`` (a name or ``self.<attr>``, ``IN_PLACE``) -> ("t", ``t.add(v)``)."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return None
+    call = node.value
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in IN_PLACE):
+        return None
+    receiver = func.value
+    if not (isinstance(receiver, ast.Name) or is_self_attr(receiver)):
+        return None
+    if func.attr == "copy_":
+        if len(call.args) != 1 or call.keywords:
+            return None
+        return ast.unparse(receiver), call.args[0]
+    method = ast.Attribute(value=copy.deepcopy(receiver), attr=IN_PLACE[func.attr], ctx=ast.Load())
+    return ast.unparse(receiver), ast.Call(func=method, args=call.args, keywords=call.keywords)
+
+
+def original(arms: list[Arm]) -> ast.stmt:
+    """``if c0: B0 elif c1: B1 ... else: E`` again, on the tests' names."""
+    out: list[ast.stmt] = copy.deepcopy(arms[-1][1])
+    for cond, block in reversed(arms[:-1]):
+        out = [ast.If(test=load_name(cond), body=copy.deepcopy(block), orelse=out)]  # type: ignore[arg-type]
+    return out[0]
+
+
+# The deferred calls [Defer] writes (``runtime.print_``, ``log``, ``warn``) and
+# the positions of what they evaluate in the graph: (args, kwargs).
+DEFERRED = {"print_": (1, 2), "log": (3, 4), "warn": (1, 2)}
+
+
+def deferred_effect(node: ast.stmt) -> ast.expr | None:
+    """For a call [Defer] wrote (``__graphmend_rt__.print_(site, args, kwargs)``...)
+    with no ``when`` yet: its evaluated arguments, as one tuple; else None."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return None
+    call = node.value
+    func = call.func
+    if not (
+        isinstance(func, ast.Attribute)
+        and func.attr in DEFERRED
+        and isinstance(func.value, ast.Name)
+        and func.value.id == RUNTIME_NAME
+        and not call.keywords
+        and len(call.args) == max(DEFERRED[func.attr]) + 1
+    ):
+        return None
+    args, kwargs = (call.args[i] for i in DEFERRED[func.attr])
+    values = [v for v in kwargs.values if v is not None] if isinstance(kwargs, ast.Dict) else [kwargs]
+    return ast.Tuple(elts=[args, *values], ctx=ast.Load())
