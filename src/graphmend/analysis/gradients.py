@@ -35,13 +35,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 # Functions and tensor methods whose result keeps an autograd edge to every
-# tensor argument (for floating point inputs): their backward is defined.
+# tensor argument (for floating point inputs): their backward is defined. For
+# ``where`` and ``masked_fill``, every argument but the condition or mask.
 CONNECTING = frozenset(
     """abs absolute acos add addcmul amax amin asin atan atan2 bmm broadcast_to cat ceil clamp clamp_max clamp_min
     clip clone contiguous cos cosh cumprod cumsum div einsum erf exp expand expand_as expm1 flatten flip floor fmod
     lerp linear log log10 log1p log2 log_softmax matmul max maximum mean min minimum mm mul nan_to_num neg norm
     permute pow prod reciprocal relu remainder reshape round rsqrt sigmoid sign sin sinh softmax sqrt square squeeze
-    stack sub sum t tan tanh transpose tril triu unsqueeze view view_as gelu silu layer_norm""".split()
+    stack sub sum t tan tanh transpose tril triu unsqueeze view view_as gelu silu layer_norm where masked_fill""".split()
 )
 
 # Results with no autograd edge to their arguments: booleans, indices, shapes,
@@ -152,7 +153,7 @@ def _call_reach(call: ast.Call, env: dict[str, Reach], is_function: Callable[[st
     out = NOTHING
     for operand in operands:
         out = out | reach(operand, env, is_function)
-    known = name in CONNECTING or name in ("where", "masked_fill")
+    known = name in CONNECTING
     return out if known and not isinstance(func, ast.Name) else Reach.unknown(out)
 
 

@@ -179,3 +179,45 @@ def deferred_effect(node: ast.stmt) -> ast.expr | None:
     args, kwargs = (call.args[i] for i in DEFERRED[func.attr])
     values = [v for v in kwargs.values if v is not None] if isinstance(kwargs, ast.Dict) else [kwargs]
     return ast.Tuple(elts=[args, *values], ctx=ast.Load())
+
+
+def trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
+    """``if __graphmend_rt__.trappable(x): __graphmend_rt__.trap(site, flag, E, args) else: ...``
+    as [Trap] emits it -> (x, the trap call)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Call) and len(node.body) == 1):
+        return None
+    test, inner = node.test, node.body[0]
+    if not (
+        isinstance(test.func, ast.Attribute)
+        and test.func.attr == "trappable"
+        and isinstance(test.func.value, ast.Name)
+        and test.func.value.id == "__graphmend_rt__"
+        and len(test.args) == 1
+        and isinstance(test.args[0], ast.Name)
+        and isinstance(inner, ast.Expr)
+        and isinstance(inner.value, ast.Call)
+        and isinstance(inner.value.func, ast.Attribute)
+        and inner.value.func.attr == "trap"
+        and len(inner.value.args) == 4
+    ):
+        return None
+    return test.args[0].id, inner.value
+
+
+def returns_a_value(block: list[ast.stmt]) -> bool:
+    return bool(block) and isinstance(block[-1], ast.Return) and block[-1].value is not None
+
+
+def placed(out: list[ast.stmt], origin: ast.stmt) -> list[ast.stmt]:
+    for node in out:
+        ast.copy_location(node, origin)
+    return [ast.fix_missing_locations(relocate(node, origin)) for node in out]  # type: ignore[misc]
+
+
+def relocate(node: ast.AST, origin: ast.stmt) -> ast.AST:
+    """Give generated nodes the original statement's location (tracebacks and
+    warnings keep pointing at the user's line)."""
+    for sub in ast.walk(node):
+        if "lineno" in sub._attributes and getattr(sub, "lineno", 0) in (None, 0):
+            ast.copy_location(sub, origin)
+    return node

@@ -172,7 +172,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         if rest is not None:
             predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
             ctx.notes.append("early return predicated with torch.where: the rest of the function computed too")
-        elif all(_returns_a_value(block) for _, block in two_way):
+        elif all(select.returns_a_value(block) for _, block in two_way):
             predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
@@ -197,7 +197,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             out = [ast.If(test=static, body=guarded, orelse=copy.deepcopy(stmt.orelse))]
         else:
             out = guarded
-        return _placed(out, stmt)
+        return select.placed(out, stmt)
 
     def _chain(self, stmt: ast.If, arms: list[Arm], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.stmt]:
         """``if t0: B0 elif t1: B1 ... else: E``: every test evaluated up front, every
@@ -226,7 +226,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             tests.append((cond, lower(test, facts, ctx)))
             named.append((cond, body))
         guards: list[ast.expr] = []
-        if all(_returns_a_value(body) for _, body in named):
+        if all(select.returns_a_value(body) for _, body in named):
             predicated, grad = self._returns(named, facts, bound, ctx, guards, nonempty)
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
@@ -235,7 +235,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         for (cond, lowered), (test, body) in reversed(list(zip(tests, arms))):
             original_test = load_name(cond) if lowered is test else copy.deepcopy(test)
             fallback = [ast.If(test=original_test, body=copy.deepcopy(body), orelse=fallback)]
-        return _placed(self._guarded(tests, guards, grad, predicated, fallback[0], ctx), stmt)
+        return select.placed(self._guarded(tests, guards, grad, predicated, fallback[0], ctx), stmt)
 
     @staticmethod
     def _guarded(
@@ -314,13 +314,13 @@ class Where(CondForm, TrailingCallForm, Rule):
         """For ``if c: ...; return a`` with no else, at the top level of the function and
         followed by statements that end in ``return b``: those statements (the path
         where ``c`` is false). None for any other ``if``."""
-        if stmt.orelse or not _returns_a_value(stmt.body):
+        if stmt.orelse or not select.returns_a_value(stmt.body):
             return None
         index = next((i for i, node in enumerate(ctx.fdef.body) if node is stmt), None)
         if index is None:
             raise Decline("an early return inside a loop or block: the rest of the function is not one straight path")
         rest = ctx.fdef.body[index + 1 :]
-        if not _returns_a_value(rest):
+        if not select.returns_a_value(rest):
             raise Decline("an early return where the function does not end in `return <value>`")
         return rest
 
@@ -490,7 +490,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         env: dict[str, str] = {}
         known = set(bound)
         for node in block:
-            trapped = _trapped_check(node)
+            trapped = select.trapped_check(node)
             if trapped is not None and taken is not None and guards is not None:
                 out.append(self._regate(trapped, copy.deepcopy(taken), env, facts, known, ctx, guards))
                 continue
@@ -575,47 +575,3 @@ class Where(CondForm, TrailingCallForm, Rule):
             for n in ast.walk(fdef)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
         }
-
-
-def _trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
-    """``if __graphmend_rt__.trappable(x): __graphmend_rt__.trap(site, flag, E, args) else: ...``
-    as [Trap] emits it -> (x, the trap call)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Call) and len(node.body) == 1):
-        return None
-    test, inner = node.test, node.body[0]
-    if not (
-        isinstance(test.func, ast.Attribute)
-        and test.func.attr == "trappable"
-        and isinstance(test.func.value, ast.Name)
-        and test.func.value.id == "__graphmend_rt__"
-        and len(test.args) == 1
-        and isinstance(test.args[0], ast.Name)
-        and isinstance(inner, ast.Expr)
-        and isinstance(inner.value, ast.Call)
-        and isinstance(inner.value.func, ast.Attribute)
-        and inner.value.func.attr == "trap"
-        and len(inner.value.args) == 4
-    ):
-        return None
-    return test.args[0].id, inner.value
-
-
-def _returns_a_value(block: list[ast.stmt]) -> bool:
-    return bool(block) and isinstance(block[-1], ast.Return) and block[-1].value is not None
-
-
-def _placed(out: list[ast.stmt], origin: ast.stmt) -> list[ast.stmt]:
-    for node in out:
-        ast.copy_location(node, origin)
-    return [ast.fix_missing_locations(_relocate(node, origin)) for node in out]  # type: ignore[misc]
-
-
-def _relocate(node: ast.AST, origin: ast.stmt) -> ast.AST:
-    """Give generated nodes the original statement's location (tracebacks and
-    warnings keep pointing at the user's line)."""
-    for sub in ast.walk(node):
-        if "lineno" in sub._attributes and getattr(sub, "lineno", 0) in (None, 0):
-            ast.copy_location(sub, origin)
-    return node
-
-
