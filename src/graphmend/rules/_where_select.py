@@ -147,11 +147,13 @@ def in_place(node: ast.stmt) -> tuple[str, ast.expr] | None:
     return ast.unparse(receiver), ast.Call(func=method, args=call.args, keywords=call.keywords)
 
 
-def original(arms: list[Arm]) -> ast.stmt:
-    """``if c0: B0 elif c1: B1 ... else: E`` again, on the tests' names."""
+def original(arms: list[Arm], tests: dict[str, ast.expr] | None = None) -> ast.stmt:
+    """``if c0: B0 elif c1: B1 ... else: E`` again, on the tests' names (or, for a
+    name in ``tests``, that test as written)."""
     out: list[ast.stmt] = copy.deepcopy(arms[-1][1])
     for cond, block in reversed(arms[:-1]):
-        out = [ast.If(test=load_name(cond), body=copy.deepcopy(block), orelse=out)]  # type: ignore[arg-type]
+        test = copy.deepcopy(tests[cond]) if tests and cond in tests else load_name(cond)  # type: ignore[index]
+        out = [ast.If(test=test, body=copy.deepcopy(block), orelse=out)]
     return out[0]
 
 

@@ -231,11 +231,9 @@ class Where(CondForm, TrailingCallForm, Rule):
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
             predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty)
-        fallback: list[ast.stmt] = copy.deepcopy(named[-1][1])
-        for (cond, lowered), (test, body) in reversed(list(zip(tests, arms))):
-            original_test = load_name(cond) if lowered is test else copy.deepcopy(test)
-            fallback = [ast.If(test=original_test, body=copy.deepcopy(body), orelse=fallback)]
-        return select.placed(self._guarded(tests, guards, grad, predicated, fallback[0], ctx), stmt)
+        as_written = {cond: test for (cond, lowered), (test, _) in zip(tests, arms) if lowered is not test}
+        fallback = select.original(named, as_written)  # a lowered test runs as written there
+        return select.placed(self._guarded(tests, guards, grad, predicated, fallback, ctx), stmt)
 
     @staticmethod
     def _guarded(
