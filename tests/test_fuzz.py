@@ -88,7 +88,8 @@ def test_the_runner_reports_a_difference(monkeypatch):
     seed = next(s for s in range(100) if (inputs_for(s)[0] > 0).any() and inputs_for(s)[0].sum() < 0)
     result = check_program(Program(SWAPPED), seed=seed, start=0, aot=False)
     assert result.status == "checked"
-    assert [(o[1], o[2]) for o in result.outcomes if o[1] == "defer"] == [("defer", "applied")]
+    # Both warnings deferred (the second, not reached on the example input, ahead of its if)
+    assert [(o[1], o[2]) for o in result.outcomes if o[1] == "defer"] == [("defer", "applied")] * 2
     assert any("log records" in m for m in result.mismatches), result
 
 

@@ -162,7 +162,8 @@ def _check(draw, ctx: _Ctx) -> list[str]:
         return [f"if {test}:", f"    raise FuzzError({message})"]
     if kind == "assert":
         return [f"assert not ({test}), {message}"]
-    return [f"{ctx.T}._assert(~({test}), {message})"]
+    holds = test[len("not "):] if test.startswith("not ") else f"~({test})"  # as people write it
+    return [f"{ctx.T}._assert({holds}, {message})"]
 
 
 @st.composite

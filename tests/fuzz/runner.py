@@ -258,7 +258,7 @@ class Result:
     mismatches: list[str] = field(default_factory=list)
     backend_differences: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)  # mismatches of a known bug with an xfail regression test
-    documented: list[str] = field(default_factory=list)  # printed grad_fn text: under AOTAutograd, or a select's name
+    documented: list[str] = field(default_factory=list)  # grad_fn text, in-place error's node (docs/limits.md)
     outcomes: list[tuple[str, str, str, str]] = field(default_factory=list)  # category, rule, status, reason
     detail: str = ""
     graphs: tuple[int, int] = (0, 0)  # graphs on the example input, before and after mending (the report's)
@@ -565,9 +565,13 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
             # text names `CompiledFunctionBackward` where eager names the op, for the original under
             # torch.compile too. In the eager and counting-backend arms only the name may differ,
             # for a tensor a [Where] select made (docs/limits.md); the text must still show it.
+            # And an autograd in-place error may name another saved tensor: a select's output is a new
+            # tensor, so a later in-place update no longer changes what the branch's op saved (docs/limits.md).
             names_only = arm != "aot_eager+grad"
             stripped = _differences(
-                arm, [_without_grad_fn(o, names_only) for o in expected], [_without_grad_fn(o, names_only) for o in got]
+                arm,
+                [_inplace_error_unnamed(_without_grad_fn(o, names_only)) for o in expected],
+                [_inplace_error_unnamed(_without_grad_fn(o, names_only)) for o in got],
             )
             result.documented += [d for d in diff if d not in stripped]
             diff = stripped
@@ -897,7 +901,8 @@ class Summary:
             f"programs with a graph break kept before an assert compiled into the graph (barriers.py): {self.held_breaks};"
             f" with the rewrites that record reverted instead (fewer graphs): {self.held_reverted}",
             f"trapped check lost to a later error under graphmend.compile (fixed in 315036a; regression test): {len(self.known)} programs",
-            f"printed grad_fn text (aot_eager: a compiled graph's output; else the name, of a tensor a select made): {self.documented} programs",
+            f"printed grad_fn text (aot_eager: a compiled graph's output; else the name, of a tensor a select made), "
+            f"or the node an autograd in-place error names (a select's output is a new tensor): {self.documented} programs",
             f"programs where the backend failed on a graph, which ran as captured (graphmend.with_fallback): {self.fallbacks}",
             f"graphmend.compile with no example inputs, after unmend: compile+grad (the first call mends under grad)"
             f" on {self.arm_programs['compile+grad']} programs (report.grad True: {self.grad_reports[True]},"

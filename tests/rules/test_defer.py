@@ -309,7 +309,10 @@ def test_an_effect_on_a_path_not_taken_keeps_its_order():
     model = EffectOnAnotherPath()
     mended = copy.deepcopy(model)
     report = graphmend.mend(mended, torch.tensor([1.0, -5.0]))  # takes the first branch only
-    assert [(o.rule, o.status) for o in report.outcomes if o.rule == "defer"] == [("defer", "applied")], report.outcomes
+    # Both ifs are predicated, each warning happening only when its branch would have run:
+    # the second one too, rewritten ahead (its branch is not taken on the example input).
+    assert [(o.rule, o.status) for o in report.outcomes] == [("where", "applied"), ("defer", "applied")] * 2
+    assert (report.before.graphs, report.after.graphs) == (3, 1)
     x = torch.tensor([1.0, 2.0])  # takes both
     expected = run(copy.deepcopy(model), x)
     assert [r[-1].split()[0] for r in expected.records] == ["first", "second"]

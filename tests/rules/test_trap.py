@@ -39,7 +39,9 @@ def mended(cls, *example):
 
 
 @pytest.mark.parametrize(
-    "cls", [G.IfRaise, G.IfNotRaise, G.Asserts, G.TorchAssert, G.FormattedMessage], ids=lambda c: c.__name__
+    "cls",
+    [G.IfRaise, G.IfNotRaise, G.UntypedOr, G.Asserts, G.TorchAssert, G.FormattedMessage],
+    ids=lambda c: c.__name__,
 )
 def test_same_exception_message_and_effects(cls):
     reference, compiled, backend = mended(cls)
@@ -692,7 +694,29 @@ GOLDEN = [
                     __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, ('positive',))
                 else:
                     torch._assert(_gm_c0, 'positive')
+            else:
+                torch._assert((x > 0).all(), 'positive')
             return x * 2
+        """,
+    ),
+    golden.case(
+        "torch-assert-message-the-original-evaluates-on-every-call",
+        """
+        def f(x):
+            torch._assert(torch.isfinite(x).all(), "check failed at " + str(x.shape[0]))  # <-
+            return x
+        """,
+        rewritten="""
+        def f(x):
+            if __debug__:
+                _gm_c0 = torch.isfinite(x).all()
+                if __graphmend_rt__.trappable(_gm_c0):
+                    __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, ('check failed at ' + str(x.shape[0]),))
+                else:
+                    torch._assert(_gm_c0, 'check failed at ' + str(x.shape[0]))
+            else:
+                torch._assert(torch.isfinite(x).all(), 'check failed at ' + str(x.shape[0]))
+            return x
         """,
     ),
     golden.case(
@@ -969,3 +993,25 @@ GOLDEN = [
 @pytest.mark.parametrize("source, expected", GOLDEN)
 def test_golden(source, expected):
     assert golden.outcome("trap", source) == expected
+
+
+class GuardedByNone(nn.Module):
+    """`mask is not None` guards the operand after it: lowering would evaluate
+    `torch.isnan(mask)` on every call, None included."""
+
+    def forward(self, x, mask=None):
+        y = x * 2
+        y = y + 0.0
+        if mask is not None and torch.isnan(mask).any():
+            raise ValueError("nan in the mask")
+        return y
+
+
+def test_a_static_operand_that_guards_the_next_one_declines():
+    report = graphmend.mend(GuardedByNone(), GOOD, GOOD)
+    (vg,) = [o for o in report.outcomes if o.category == "VG"]
+    assert vg.status == "declined"
+    assert vg.reason == (
+        "`mask is not None` may guard the operands after it, which would be evaluated on every call"
+    )
+    assert torch.equal(GuardedByNone()(GOOD), GOOD * 2)

@@ -9,7 +9,7 @@ import golden
 import pytest
 import torch
 from conftest import fixture_program
-from effects_capture import CountingBackend, bits_equal
+from effects_capture import CountingBackend, bits_equal, run
 
 import graphmend
 
@@ -370,6 +370,92 @@ def test_or_guard_on_finite_inf_and_nan_inputs():
     nan[1, 2] = float("nan")
     _, report = check_form(B.OrGuard, [(P,), (weird,), (nan,)])
     assert any("predicated" in n for o in report.outcomes for n in o.notes)
+
+
+MIXED = torch.tensor([[2.0, -1.0, 0.5, 0.2], [0.1, 0.3, -0.2, 0.4]])
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_and_not_over_operands_not_provably_tensors_are_decided_while_tracing(grad):
+    """`h` is assigned twice, so nothing proves `h.max() > 1` a tensor: the test
+    is lowered to the runtime's tensor_and / tensor_not, which Dynamo resolves to
+    torch.logical_and / logical_not. One graph, every path bit for bit, with
+    eager's gradients."""
+    model = B.UntypedAndNot()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    assert [o.status for o in compiled.report.outcomes] == ["applied", "applied"]
+    for x in (P, N, MIXED, P * 0.1):
+        with torch.set_grad_enabled(grad):
+            xe, xc = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+            expected, got = model(xe), compiled(xc)  # the mended model, uncompiled, is the original's code path
+            reference = B.UntypedAndNot()(x.clone().requires_grad_(grad))
+        assert bits_equal(reference, got) and bits_equal(expected, got)
+        if grad:
+            (gx,) = torch.autograd.grad(got.sum(), xc)
+            xr = x.clone().requires_grad_(True)
+            (rx,) = torch.autograd.grad(B.UntypedAndNot()(xr).sum(), xr)
+            assert bits_equal(rx, gx)
+    assert len(backend.graphs) == 1
+
+
+def test_a_python_operand_of_and_is_decided_while_tracing():
+    """`abs(scale) > 1` is a Python bool: a false one makes the test false, a true
+    one drops out, and Dynamo guards on it (a scale of 0.5 after 2.0 recompiles,
+    it is not read as true)."""
+    model = B.PythonOperand()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    assert compiled.report.before.graphs == 2 and compiled.report.after.graphs == 1
+    for args in [(P,), (N,), (P, 0.5), (N, 0.5), (P, 2.0), (P, torch.tensor(2.0))]:
+        with torch.no_grad():
+            assert bits_equal(B.PythonOperand()(*args), compiled(*args)), args
+
+
+NESTED_INPUTS = [(P,), (P * 3,), (N,), (torch.tensor([[4.0, -2.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),)]
+
+
+@pytest.mark.parametrize("cls", [B.NestedIf, B.NestedIfWithPrint, B.PrintOnlyBranch], ids=lambda c: c.__name__)
+def test_nested_ifs_and_effect_only_branches_are_one_graph_on_every_path(cls):
+    """A nested if is computed and selected with torch.where inside its branch, a
+    print in a branch happens only when the branch would have run: outputs and
+    printed text as eager's, on inputs taking every path."""
+    model = cls()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    dc = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc and all(o.status == "applied" for o in dc), compiled.report.outcomes
+    for args in NESTED_INPUTS:
+        eager, got = run(cls(), *args), run(compiled, *args)
+        assert eager.stdout == got.stdout
+        outputs = (eager.output, got.output) if isinstance(eager.output, tuple) else ((eager.output,), (got.output,))
+        assert all(bits_equal(e, g) for e, g in zip(*outputs))
+    assert len(backend.graphs) == 1
+
+
+def test_a_name_one_branch_assigns_and_no_path_reads_later_is_a_temporary():
+    """`lim` of the first guard is assigned again before the second reads it."""
+    big = torch.full((2, 4), 30.0)
+    model = B.TwoOverflowGuards()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(big,))
+    assert [o.status for o in compiled.report.outcomes] == ["applied", "applied"], compiled.report.outcomes
+    for x in (big, P * 0.001, big * 0.1):
+        with torch.no_grad():
+            assert bits_equal(B.TwoOverflowGuards()(x), compiled(x))
+    assert len(backend.graphs) == 1
+
+
+def test_a_value_updated_in_place_after_the_if_is_declined_and_the_callers_tensor_still_changes():
+    model = B.UpdatedAfter()
+    report = graphmend.mend(model, P.clone())
+    (dc,) = report.outcomes
+    assert dc.status == "declined"
+    assert dc.reason.startswith("`h` is updated in place after the if (line 458)"), dc.reason
+    x = P.clone()
+    with torch.no_grad():
+        model(x)
+    assert torch.equal(x, P + 1)  # as eager: the input itself was updated
 
 
 def test_fp16_guard_keeps_static_conjunct_and_is_exact_on_overflow():
@@ -765,7 +851,7 @@ GOLDEN = [
         declined="the elif test `z.max() > 0`: `.max(...)` raises on an empty tensor, which the path not taken may hold",
     ),
     golden.case(
-        "elif-test-with-a-static-conjunct",
+        "elif-test-with-a-static-operand-that-may-guard",
         """
         def f(x, flag: bool):
             if x.sum() > 0:  # <-
@@ -776,7 +862,44 @@ GOLDEN = [
                 y = x - 1
             return y
         """,
-        declined="the elif test `flag and x.mean() > 0` of an elif chain has a static conjunct `flag`",
+        declined="`flag` may guard the operands after it, which would be evaluated on every call",
+    ),
+    golden.case(
+        "elif-test-with-a-metadata-operand",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                y = x * 2
+            elif x.dim() > 2 or x.mean() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.sum() > 0
+            _gm_c1 = __graphmend_rt__.tensor_or(x.dim() > 2, x.mean() > 0)
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1):
+                _gm_t0 = x * 2
+                _gm_e0 = x
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_e0) and __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, __graphmend_rt__.select(_gm_c1, _gm_e0, _gm_f0))
+                elif _gm_c0:
+                    y = _gm_t0
+                elif _gm_c1:
+                    y = _gm_e0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x * 2
+            elif x.dim() > 2 or x.mean() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
     ),
     golden.case(
         "while-loop",
@@ -798,8 +921,8 @@ GOLDEN = [
             return x
         """,
         declined=(
-            "torch.where: a branch holds a statement other than a single-target assignment; torch.cond:"
-            " a branch holds a statement other than an assignment to a name"
+            "torch.where: a branch holds a statement other than a single-target assignment: a call statement "
+            "(`print(x)`); torch.cond: a branch holds a statement other than an assignment to a name"
         ),
     ),
     golden.case(
@@ -846,14 +969,26 @@ GOLDEN = [
         declined="`y` is assigned on one path only and read after the if",
     ),
     golden.case(
-        "or-over-values-not-provably-tensors",
+        "or-over-values-not-provably-tensors-decided-while-tracing",
         """
         def f(x):
             if x.sum() > 0 or (x > 10).any():  # <-
                 x = x * 0.5
             return x
         """,
-        declined="and/or/not over values not all provably tensors",
+        rewritten="""
+        def f(x):
+            _gm_c0 = __graphmend_rt__.tensor_or(x.sum() > 0, (x > 10).any())
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_t0 = x * 0.5
+                if __graphmend_rt__.same_meta(_gm_t0, x):
+                    x = __graphmend_rt__.select(_gm_c0, _gm_t0, x)
+                elif _gm_c0:
+                    x = _gm_t0
+            elif x.sum() > 0 or (x > 10).any():
+                x = x * 0.5
+            return x
+        """,
     ),
     golden.case(
         "static-conjunct-after-a-tensor-one",

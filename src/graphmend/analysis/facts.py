@@ -7,6 +7,11 @@
 * ``is_safe_index``: an index that never raises on a tensor with enough
   dimensions.
 * ``bound_before``: names definitely bound before a statement of a function.
+* ``live_after``: whether a name's value at the end of a statement may still
+  be read (a read before the next assignment on some path; anywhere in an
+  enclosing loop, ``try`` or nested function).
+* ``updated_after``: a statement that may run after another and update a
+  name's tensor in place (``h.add_(1)``, ``h[0] = 0``, ``h += 1``).
 
 These are deliberately conservative: an unproven fact makes a rule decline.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -176,6 +181,117 @@ def bound_before(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -
         for prior in block[:index]:
             names |= _definitely_assigned(prior)
     return names
+
+
+def live_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str) -> bool:
+    """Whether the value ``name`` holds when ``stmt`` ends may be read: some path
+    from there reads it before assigning it. Conservative: a read anywhere in an
+    enclosing loop (the next iteration), ``try`` (a handler) or in a nested
+    function or lambda (a closure reads it whenever it is called) counts, as do
+    ``locals()``, ``vars()``, ``eval`` and ``exec``."""
+    for node in ast.walk(fdef):
+        if node is not fdef and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and _reads(node, name):
+            return True
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("locals", "vars", "eval", "exec"):
+            return True
+    if path_to(fdef.body, stmt) is None:
+        return True
+    for around, later in _after(fdef, stmt):
+        if around is not None and _reads(around, name):
+            return True
+        found = _first_use(later, name)
+        if found is not None:
+            return found
+    return False
+
+
+def _after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt) -> Iterator[tuple[ast.stmt | None, list[ast.stmt]]]:
+    """What may run after ``stmt``, block by block outwards: the loop or ``try``
+    enclosing the block (which may run whole again; else None), and the statements
+    after it in the block."""
+    path = path_to(fdef.body, stmt) or []
+    for depth in range(len(path) - 1, -1, -1):
+        block, index = path[depth]
+        inner = depth < len(path) - 1
+        around = block[index] if inner and isinstance(block[index], (ast.For, ast.AsyncFor, ast.While, ast.Try)) else None
+        yield around, block[index + 1 :]
+
+
+def updated_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str) -> ast.stmt | None:
+    """The first statement that may run after ``stmt`` and update the tensor ``name``
+    holds in place: an in-place method (``name.add_(...)``), an item or attribute
+    store on it, or ``name += ...``; None if there is none. The search stops at a
+    reassignment from arithmetic (``name = name + 1``: a new tensor) on the
+    straight path; an enclosing loop or ``try`` counts whole."""
+    if path_to(fdef.body, stmt) is None:
+        return stmt
+    for around, later in _after(fdef, stmt):
+        if around is not None and _updates_in_place(around, name):
+            return around
+        for node in later:
+            if _updates_in_place(node, name):
+                return node
+            if (
+                isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name]
+                and len(node.targets) == 1
+                and isinstance(node.value, (ast.BinOp, ast.UnaryOp))
+            ):
+                return None  # from here on the name holds a new tensor
+    return None
+
+
+def _updates_in_place(node: ast.AST, name: str) -> bool:
+    def is_name(n: ast.AST) -> bool:
+        return isinstance(n, ast.Name) and n.id == name
+
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and is_name(n.func.value):
+            if n.func.attr.endswith("_") and not n.func.attr.endswith("__"):
+                return True
+        if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store) and is_name(n.value):
+            return True
+        if isinstance(n, ast.AugAssign) and is_name(n.target):
+            return True
+    return False
+
+
+def _reads(node: ast.AST, name: str) -> bool:
+    """``name`` is read (or deleted, or updated with ``+=``) somewhere in ``node``."""
+    return any(
+        isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Store)
+        or isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+        for n in ast.walk(node)
+    )
+
+
+def _first_use(block: list[ast.stmt], name: str) -> bool | None:
+    """True: ``name`` is read before it is assigned on some path through ``block``;
+    False: every path assigns it first, or leaves the function; None: neither
+    (the paths that fall through the block have not met it)."""
+    for stmt in block:
+        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            if _reads(stmt.value, name):
+                return True
+            if any(t.id == name for t in stmt.targets):  # type: ignore[attr-defined]
+                return False
+            continue
+        if isinstance(stmt, (ast.Return, ast.Raise)):
+            return _reads(stmt, name)
+        if isinstance(stmt, ast.If):
+            if _reads(stmt.test, name):
+                return True
+            body, other = _first_use(stmt.body, name), _first_use(stmt.orelse, name)
+            if body is True or other is True:
+                return True
+            if body is False and other is False:
+                return False
+            continue
+        if _reads(stmt, name):
+            return True
+    return None
 
 
 def path_to(body: list[ast.stmt], stmt: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:

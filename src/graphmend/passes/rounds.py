@@ -141,7 +141,8 @@ def rewrite_function(
     model: Any,
     only: Any,
 ) -> tuple[Any, list[tuple[BreakSite, engine.SiteRewrite]]]:
-    """Apply the rules to one function: its sites, then what they rewrite ahead.
+    """Apply the rules to one function: its sites, then what they rewrite ahead
+    (ahead inside a site's statement first, so its rule meets them rewritten).
 
     Deferred effects are recorded by the graph and performed after it returns.
     An ``assert`` that may be on tensor values and stays in the function (no
@@ -155,15 +156,21 @@ def rewrite_function(
     [Defer]."""
 
     def rewrite(pairs: list[tuple[BreakSite, engine.SiteRewrite]], enabled: tuple[str, ...]) -> tuple[Any, list]:
-        node = engine.rewrite(located, [r for _, r in pairs], model)
-        if only is None:  # then what the rules rewrite ahead in the function
-            more = ahead_sites(located, pairs, rules, enabled, outcomes)
-            node = engine.rewrite(located, [r for _, r in more], model)
-            # One that declined stays as it was, unreported: no break was seen there.
-            pairs = pairs + [(s, r) for s, r in more if r.ok]
-            for site, rw in more:
-                rw.notes.append(site.verdict)
-        return node, pairs
+        if only is not None:
+            return engine.rewrite(located, [r for _, r in pairs], model), pairs
+        # What the rules rewrite ahead inside a site's statement first (a print in a branch
+        # [Where] predicates), then the sites, then the rest of what they rewrite ahead.
+        spans = [_span(located.node, site.line) for site, _ in pairs]
+        inside = [(s, r) for s, r in ahead_sites(located, pairs, rules, enabled, outcomes) if any(a <= s.line <= b for a, b in spans)]
+        engine.rewrite(located, [r for _, r in inside], model)
+        engine.rewrite(located, [r for _, r in pairs], model)
+        lines = {s.line for s, _ in inside}
+        more = inside + [(s, r) for s, r in ahead_sites(located, pairs, rules, enabled, outcomes) if s.line not in lines]
+        node = engine.rewrite(located, [r for s, r in more if s.line not in lines], model)
+        # One that declined stays as it was, unreported: no break was seen there.
+        for site, rw in more:
+            rw.notes.append(site.verdict)
+        return node, pairs + [(s, r) for s, r in more if r.ok]
 
     pristine = copy.deepcopy(located.node)
     node, done = rewrite(pairs, enabled)
@@ -200,6 +207,15 @@ def rewrite_function(
             kept.append((site, rw))
     node, done = rewrite(kept, tuple(name for name in enabled if not rules[name].defers_output))
     return node, done + [(s, r) for s, r in pairs if r.rule.defers_output]
+
+
+def _span(fdef: ast.AST, line: int) -> tuple[int, int]:
+    """The lines of the statement of ``fdef`` that starts at ``line`` (none: an empty span)."""
+    found = statement_in(fdef.body, line, into_classes=False)  # type: ignore[attr-defined]
+    if found is None:
+        return (0, -1)
+    stmt = found[0][found[1]]
+    return stmt.lineno, stmt.end_lineno or stmt.lineno
 
 
 def ahead_sites(

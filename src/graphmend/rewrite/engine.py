@@ -231,6 +231,7 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
                 earlier.notes = [f"rewritten with line {site.line} ({site.rule.name})"]
         placed.append((site, replacement))
         ctx.replaced.update({id(node): (node, body[index]) for node in replacement})
+        ctx.replaced_by.update({id(node): site.rule.name for node in replacement})
         body[index : index + 1] = replacement
         site.ok = True
         site.notes = list(ctx.notes)

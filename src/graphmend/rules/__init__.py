@@ -55,6 +55,7 @@ class RewriteContext:
     unalias: set[str] = field(default_factory=set)  # buffers to give their own storage at install
     # What earlier sites of this pass replaced: id(new statement) -> (it, the statement it replaced)
     replaced: dict[int, tuple[ast.stmt, ast.stmt]] = field(default_factory=dict)
+    replaced_by: dict[int, str] = field(default_factory=dict)  # id(new statement) -> the rule that wrote it
 
     def original_of(self, block: list[ast.stmt]) -> ast.stmt | None:
         """The one statement ``block`` is: itself, or the statement an earlier site's

@@ -1,6 +1,11 @@
 """Lowering tensor tests shared by [Where] and [Trap]: Python ``and`` / ``or`` /
 ``not`` over tensor predicates become ``torch.logical_and/or/not`` (Python's
-would convert each operand to bool, which breaks the graph)."""
+would convert each operand to bool, which breaks the graph). Where an operand
+is not provably a tensor (a name assigned more than once, a parameter), the
+runtime's ``tensor_and/or/not`` decide while tracing: the tensor result when
+every operand is a tensor, else None, which no guard accepts, so the test runs
+as written. Either way every operand is evaluated: the rules check that with
+``speculation_blockers`` first."""
 
 from __future__ import annotations
 
@@ -28,25 +33,67 @@ def has_boolops(node: ast.AST) -> bool:
     return any(isinstance(n, ast.BoolOp) or is_not(n) for n in ast.walk(node))
 
 
-def check_lowerable(test: ast.expr, facts: FunctionFacts) -> None:
-    if (isinstance(test, ast.BoolOp) or is_not(test)) and not tensor_atom(test, facts):
-        raise Decline("and/or/not over values not all provably tensors")
+def is_static_test(node: ast.expr, facts: FunctionFacts) -> bool:
+    """A test Dynamo decides while tracing: metadata comparisons, ``is`` tests,
+    flags and ``hasattr``/``isinstance``, with no tensor value in it."""
+    if is_tensor_expr(node, facts):
+        return False
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if not (
+                isinstance(func, ast.Name) and func.id in ("hasattr", "isinstance", "len")
+                or isinstance(func, ast.Attribute) and func.attr in ("dim", "size", "numel", "is_floating_point")
+            ):
+                return False
+        if isinstance(sub, ast.Attribute) and sub.attr in ("sum", "any", "all", "item", "max", "min"):
+            return False
+    return True
+
+
+def may_guard(node: ast.expr) -> bool:
+    """A static test that can protect what follows it from an error the rules do not
+    check for: ``x is None``, ``isinstance`` / ``hasattr`` / ``callable``, an object's
+    truth (``mask and ...``). Metadata comparisons (``h.dim() > 2``, ``h.dtype ==
+    torch.float16``) are not: what they could protect (an index, a reduction of an
+    empty tensor) ``speculation_blockers`` checks in the operands after them."""
+    if is_not(node):
+        return may_guard(node.operand)  # type: ignore[attr-defined]
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return True
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in sub.ops):
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("isinstance", "hasattr", "callable"):
+            return True
+    return False
+
+
+def needs_runtime(test: ast.expr, facts: FunctionFacts) -> bool:
+    """Whether ``lower`` gives ``test`` to the runtime's ``tensor_and/or/not``
+    (which may answer None: the original must then evaluate the test itself)."""
+    return has_boolops(test) and not tensor_atom(test, facts)
 
 
 def lower(node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr:
     """The test as one tensor expression (the node itself when it has no and/or/not)."""
     if isinstance(node, ast.BoolOp):
-        fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
         values = [lower(v, facts, ctx) for v in node.values]
+        if not tensor_atom(node, facts):
+            for guard in node.values[:-1]:  # `x is not None and x.sum() > 0`: the operand after it needs it
+                if is_static_test(guard, facts) and may_guard(guard):
+                    raise Decline(f"`{ast.unparse(guard)}` may guard the operands after it, which would be evaluated on every call")
+            fn = "tensor_and" if isinstance(node.op, ast.And) else "tensor_or"
+            return ast.Call(func=ctx.runtime(fn), args=values, keywords=[])
+        fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
         out = values[0]
         for v in values[1:]:
             out = ast.Call(func=ctx.torch(fn), args=[out, v], keywords=[])
         return out
     if is_not(node):
         operand = node.operand  # type: ignore[attr-defined]
-        if not tensor_atom(operand, facts):
-            raise Decline(f"`not` of `{ast.unparse(operand)}`, which is not provably a tensor")
-        return ast.Call(func=ctx.torch("logical_not"), args=[lower(operand, facts, ctx)], keywords=[])
+        func = ctx.torch("logical_not") if tensor_atom(operand, facts) else ctx.runtime("tensor_not")
+        return ast.Call(func=func, args=[lower(operand, facts, ctx)], keywords=[])
     if has_boolops(node):
         raise Decline("and/or nested inside another expression")
     return node

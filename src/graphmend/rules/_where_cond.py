@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.facts import FunctionFacts, live_after, updated_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
@@ -46,15 +46,17 @@ class CondForm:
                     raise Decline("a branch holds a statement other than an assignment to a name")
                 if node.targets[0].id not in targets:
                     targets.append(node.targets[0].id)
-        read_after = self._read_outside(ctx.fdef, stmt)
         outputs: list[str] = []
         for name in targets:
             in_true = any(n.targets[0].id == name for n in stmt.body)  # type: ignore[attr-defined]
             in_false = any(n.targets[0].id == name for n in stmt.orelse)  # type: ignore[attr-defined]
             if not (in_true and in_false) and name not in bound:
-                if name in read_after:
+                if live_after(ctx.fdef, stmt, name):
                     raise Decline(f"`{name}` is assigned on one path only and read after the if")
                 continue
+            mutated = updated_after(ctx.fdef, stmt, name)
+            if mutated is not None:
+                raise Decline(f"`{name}` is updated in place after the if (line {mutated.lineno}): torch.cond's output is a new tensor")
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")

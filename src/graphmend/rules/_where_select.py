@@ -82,6 +82,13 @@ def gated(
     return gates
 
 
+def ref(name: str) -> ast.expr:
+    """A target's key (``h``, ``self.running``) as an expression."""
+    if name.startswith("self."):
+        return ast.Attribute(value=load_name("self"), attr=name[5:], ctx=ast.Load())
+    return load_name(name)
+
+
 def root_expr(root: str) -> ast.expr:
     return ast.parse(root, mode="eval").body
 
@@ -204,6 +211,21 @@ def trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
     ):
         return None
     return test.args[0].id, inner.value
+
+
+_KINDS = {
+    ast.If: "an if", ast.For: "a for loop", ast.While: "a while loop", ast.AugAssign: "an augmented assignment",
+    ast.Expr: "a call statement", ast.Assign: "an assignment to several targets", ast.With: "a with block",
+    ast.Raise: "a raise", ast.Assert: "an assert", ast.Return: "a return", ast.Try: "a try block",
+}
+
+
+def other_statement(node: ast.stmt) -> str:
+    """What a branch statement [Where] does not predicate is, for the reason the user reads:
+    ``an if (`if t.any(): ...`)``."""
+    head = ast.unparse(node).splitlines()[0]
+    head = head + " ..." if head.endswith(":") else head
+    return f"{_KINDS.get(type(node), 'a ' + type(node).__name__)} (`{head}`)"
 
 
 def returns_a_value(block: list[ast.stmt]) -> bool:

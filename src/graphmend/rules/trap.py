@@ -40,7 +40,8 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
 - a message argument could raise or act when evaluated on every call (a
   reduction with no identity element, ``x.min()``, raises on an empty tensor:
   guarded instead by ``runtime.nonempty(x)``, which sends an empty ``x`` to the
-  original check);
+  original check). Not for ``torch._assert``, whose arguments the original
+  evaluates on every call too;
 - state changes follow the check in the forward (stores to attributes,
   in-place ops, cache updates, modules whose code does either): the original
   would have stopped before them, the compiled graph would not. A print to
@@ -64,11 +65,11 @@ from graphmend.analysis.facts import FunctionFacts, bound_before
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import (
-    check_lowerable,
     deferred_blockers,
     guard_nonempty,
     has_boolops,
     lower,
+    needs_runtime,
 )
 from graphmend.rules._state import StateScan, _own_attrs, inside_try
 from graphmend.rules.defer import Defer
@@ -104,11 +105,11 @@ class Trap(Rule):
         if has_boolops(test):  # lowering evaluates every operand, not just the first
             for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}, Emptiness(nonempty_names(test, facts))):
                 raise Decline(f"the test: {reason}")
-        check_lowerable(test, facts)
         tested = lower(test, facts, ctx)
         deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
-        empty = Emptiness(nonempty_names(test, facts), frozenset(bound))  # the message runs on every call
-        for arg in deferred_args:
+        # The message now runs on every call; `torch._assert(test, msg)` evaluated it on every call already.
+        empty = Emptiness(nonempty_names(test, facts), frozenset(bound))
+        for arg in deferred_args if not isinstance(stmt, ast.Expr) else []:
             for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
         mutation = StateScan().after(stmt, ctx)
@@ -134,11 +135,12 @@ class Trap(Rule):
             ast.If(
                 test=check,
                 body=[ast.Expr(value=trap_call)],
-                orelse=[self._original_on(stmt, name, negate)],
+                orelse=[self._original_on(stmt, name, negate) if not needs_runtime(test, facts) else copy.deepcopy(stmt)],
             ),
         ]
-        if is_assert:
-            out = [ast.If(test=ast.Name(id="__debug__", ctx=ast.Load()), body=out, orelse=[])]
+        if is_assert:  # under -O: nothing, or for torch._assert its arguments evaluated, as the original
+            orelse = [copy.deepcopy(stmt)] if isinstance(stmt, ast.Expr) else []
+            out = [ast.If(test=ast.Name(id="__debug__", ctx=ast.Load()), body=out, orelse=orelse)]
         ctx.notes.append(f"{exc_type.__name__} raised after the call when the flag is set")
         for node in out:
             ast.copy_location(node, stmt)

@@ -13,12 +13,20 @@ A Python ``if`` whose test is a tensor:
   selects: every test is evaluated up front (so a test after the first must
   be safe to evaluate on every call) and every branch computed;
 * an update without ``else``: ``if c: h = f(h)``, including several
-  statements, body-local temporaries, and ``self.<attr> = ...`` stores;
+  statements, body-local temporaries (a name no later path reads before
+  assigning it), and ``self.<attr> = ...`` stores;
+* inside a branch: a nested ``if``/``else`` of the same kinds (selected with
+  ``torch.where`` too, ``_where_branch.py``), prints, logs and warnings
+  [Defer] rewrote and checks [Trap] rewrote (performed or raised only when
+  their branch would have run), also as a branch's only statements;
 * tests built with ``and`` / ``or`` / ``not`` over tensor reductions, lowered
-  to ``torch.logical_and/or/not``; static operands first (``h.dtype ==
-  torch.float16 and ...``, ``bias is not None and ...``, ``flag or ...``)
-  stay a Python ``if`` around the predicated part (for ``or``, the static
-  ``if`` runs the branch as written).
+  to ``torch.logical_and/or/not``; where an operand is not provably a tensor
+  (a name assigned twice), to the runtime's ``tensor_and/or/not``, which
+  Dynamo resolves while tracing (a Python bool operand decides or drops out;
+  anything else runs the test as written). Static operands first
+  (``h.dtype == torch.float16 and ...``, ``bias is not None and ...``,
+  ``flag or ...``) stay a Python ``if`` around the predicated part (for
+  ``or``, the static ``if`` runs the branch as written).
 
 ## Why the original breaks
 Python must turn the tensor into a bool to choose a branch, so Dynamo stops
@@ -56,8 +64,10 @@ a branch would lose a later ``self.count += 1``).
 ## When it declines
 - ``while`` loops, branches with statements other than assignments (or a
   single ``return`` each), tuple targets; an ``elif`` test that could raise
-  or act on a call where the original never reached it, or that has a static
-  conjunct; ``torch.cond`` inside an ``elif`` chain; an early return inside a
+  or act on a call where the original never reached it, or whose static
+  operand may guard the next (``x is not None and ...``: evaluated up front
+  with the rest, a metadata operand such as ``h.dim() > 2 or ...`` is
+  decided while tracing); ``torch.cond`` inside an ``elif`` chain; an early return inside a
   loop or block, or in a function that does not end in ``return <value>``;
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
@@ -73,8 +83,15 @@ a branch would lose a later ``self.count += 1``).
   classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13)
   then drops the attribute stores made after the cond (measured with
   hand-written ``torch.cond``);
-- a test whose atoms are not provably tensors (for ``and``/``or``/``not``);
-- a name assigned on one path only and read after the ``if``.
+- a name assigned on one path only and read after the ``if``;
+- a selected name updated in place after the ``if`` (``h.add_(1)``,
+  ``h[0] = 0``, ``h += 1``): the select makes a new tensor, where the
+  original path kept the one it assigned, which other names (the caller's
+  input) may share;
+- an operand of ``and``/``or`` that is not provably a tensor after a static
+  one that may guard it (``x is not None and x.sum() > 0`` in a test that
+  is not split); a nested ``if`` with ``elif``, on a static test, or
+  assigning a name on one of its paths only.
 
 ## Autograd
 A select of names (not ``self.<attr>`` stores, not ``torch.cond``) also runs
@@ -102,7 +119,12 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.facts import FunctionFacts, bound_before, is_tensor_expr
+from graphmend.analysis.facts import (
+    FunctionFacts,
+    bound_before,
+    live_after,
+    updated_after,
+)
 from graphmend.analysis.gradients import (
     Reach,
     block_reach,
@@ -115,17 +137,16 @@ from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
     Substitute,
     assign_to,
-    is_self_attr,
     load_name,
     store_name,
 )
 from graphmend.rules._predicate import (
-    check_lowerable,
-    deferred_blockers,
     guard_nonempty,
     has_boolops,
+    is_static_test,
     lower,
 )
+from graphmend.rules._where_branch import Speculation, fill_fallback, has_nested_if
 from graphmend.rules._where_call import TrailingCallForm
 from graphmend.rules._where_cond import CondForm
 from graphmend.rules._where_select import Arm
@@ -159,7 +180,6 @@ class Where(CondForm, TrailingCallForm, Rule):
         if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
             for reason in speculation_blockers(tensor_test, facts, bound, Emptiness(nonempty_names(tensor_test, facts))):
                 raise Decline(f"the test: {reason}")
-        check_lowerable(tensor_test, facts)
         lowered = lower(tensor_test, facts, ctx)
         cond = ctx.fresh("c")
         original_test = load_name(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
@@ -213,14 +233,12 @@ class Where(CondForm, TrailingCallForm, Rule):
                 named.append((None, body))
                 break
             where = "the test" if index == 0 else f"the elif test `{ast.unparse(test)}`"
-            static, tensor_test = self._split_test(test, facts)
-            if static is not None:
-                raise Decline(f"{where} of an elif chain has a static conjunct `{ast.unparse(static)}`")
+            # A static operand (`h.dim() > 2 or ...`) is evaluated up front with the rest: the
+            # runtime's tensor_and / tensor_or decide it while tracing (_predicate.lower).
             if index > 0 or has_boolops(test):  # evaluated where the original might not have
                 empty = Emptiness(nonempty_names(test, facts) if index == 0 else nonempty)
                 for reason in speculation_blockers(test, facts, bound, empty):
                     raise Decline(f"{where}: {reason}")
-            check_lowerable(test, facts)
             nonempty = nonempty | nonempty_names(test, facts)
             cond = ctx.fresh("c")
             tests.append((cond, lower(test, facts, ctx)))
@@ -261,6 +279,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         if grad is None:
             ctx.notes.append("under autograd the original branch runs")
         check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
+        fill_fallback(predicated, fallback)  # a nested if's check that fails: the original statement
         return [
             *(assign_to(store_name(cond), lowered) for cond, lowered in tests),
             ast.If(test=check, body=predicated, orelse=[fallback]),
@@ -277,8 +296,8 @@ class Where(CondForm, TrailingCallForm, Rule):
         static operands (all of them first) become a Python ``if``, their ``and`` /
         ``or`` kept (``isinstance(test, ast.BoolOp)`` and its ``op`` tell which)."""
         if isinstance(test, ast.BoolOp):
-            static = [v for v in test.values if self._is_static(v, facts)]
-            dynamic = [v for v in test.values if not self._is_static(v, facts)]
+            static = [v for v in test.values if is_static_test(v, facts)]
+            dynamic = [v for v in test.values if not is_static_test(v, facts)]
             if static and dynamic:
                 if test.values.index(dynamic[0]) < test.values.index(static[-1]):
                     raise Decline("a static operand after a tensor operand would change evaluation order")
@@ -286,24 +305,6 @@ class Where(CondForm, TrailingCallForm, Rule):
                 tensor = dynamic[0] if len(dynamic) == 1 else ast.BoolOp(op=copy.deepcopy(test.op), values=dynamic)
                 return static_expr, tensor
         return None, test
-
-    @staticmethod
-    def _is_static(node: ast.expr, facts: FunctionFacts) -> bool:
-        """A conjunct Dynamo decides while tracing: metadata comparisons, ``is``
-        tests, flags and ``hasattr``/``isinstance``, with no tensor value in it."""
-        if is_tensor_expr(node, facts):
-            return False
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Call):
-                func = sub.func
-                if not (
-                    isinstance(func, ast.Name) and func.id in ("hasattr", "isinstance", "len")
-                    or isinstance(func, ast.Attribute) and func.attr in ("dim", "size", "numel", "is_floating_point")
-                ):
-                    return False
-            if isinstance(sub, ast.Attribute) and sub.attr in ("sum", "any", "all", "item", "max", "min"):
-                return False
-        return True
 
     # -- return form -------------------------------------------------------------
 
@@ -324,13 +325,15 @@ class Where(CondForm, TrailingCallForm, Rule):
 
     def _returns(
         self, arms: list[Arm], facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr], nonempty: frozenset[str]
-    ) -> tuple[list[ast.stmt], list[str]]:
+    ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch (assignments to names, then ``return v``) into temporaries, the
         selected value returned; with the roots ``grad_free`` must clear for autograd."""
         values = []
         body: list[ast.stmt] = []
+        spec = Speculation(facts, bound, ctx, body, guards, nonempty)
         is_function = select.functions(facts, ctx)
         conds = [cond for cond, _ in arms if cond is not None]
+        grad = not any(has_nested_if(block, ctx) for _, block in arms)  # gates know assignments only
         reaches = []
         for index, (_, block) in enumerate(arms):
             *setup, ret = block
@@ -339,31 +342,30 @@ class Where(CondForm, TrailingCallForm, Rule):
             if any(target.startswith("self.") for target, _ in assignments):
                 raise Decline("a branch that returns also stores an attribute")
             when = select.taken(conds, index, ctx)
-            gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, body)
+            gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
-            env = self._speculate(setup, stem, facts, bound, ctx, body, when, guards, nonempty, gates)
+            env = spec.branch(setup, stem, when, gates)
             empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
             for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
             guard_nonempty(empty, ctx, guards)
             temp = ctx.fresh(stem)
-            body.append(assign_to(store_name(temp), Substitute({**gates, **env}).visit(copy.deepcopy(ret.value))))
+            spec.out.append(assign_to(store_name(temp), Substitute({**gates, **env}).visit(copy.deepcopy(ret.value))))
             values.append(temp)
             reached, _ = block_reach(assignments, is_function)
             reaches.append(reach(ret.value, reached, is_function))
-        conds = [cond for cond, _ in arms if cond is not None]
         same = [ast.Call(func=ctx.runtime("same_meta"), args=[load_name(values[0]), load_name(v)], keywords=[]) for v in values[1:]]
         chosen = load_name(values[-1])
         for cond, value in reversed(list(zip(conds, values))):
             chosen = ast.IfExp(test=load_name(cond), body=load_name(value), orelse=chosen)
-        body.append(
+        spec.out.append(
             ast.If(
                 test=same[0] if len(same) == 1 else ast.BoolOp(op=ast.And(), values=same),
                 body=[ast.Return(value=select.selected(conds, [load_name(v) for v in values], ctx, grad=True))],
                 orelse=[ast.Return(value=chosen)],
             )
         )
-        return body, checked_at_run_time(reaches)
+        return body, checked_at_run_time(reaches) if grad else None
 
     # The torch.cond form (CondForm) and the trailing-call forms (TrailingCallForm)
     # are in _where_cond.py and _where_call.py.
@@ -386,34 +388,45 @@ class Where(CondForm, TrailingCallForm, Rule):
         conds = [cond for cond, _ in arms if cond is not None]
         is_function = select.functions(facts, ctx)
         inplace: set[str] = set()
+        spec = Speculation(facts, bound, ctx, body, guards, nonempty, inplace)
         # A store to self.<attr> or an in-place update under autograd would keep a graph
-        # in the module, or bump a saved tensor's version: autograd takes the original.
+        # in the module, or bump a saved tensor's version: autograd takes the original
+        # (and for a nested if, whose assignments the gates do not see).
         grad = not any(
             key.startswith("self.") for _, block in arms for key, _ in select.assigned(block)
-        ) and not any(select.in_place(node) for _, block in arms for node in block)
+        ) and not any(select.in_place(node) or has_nested_if(block, ctx) for _, block in arms for node in block)
         envs = []
         for index, (_, block) in enumerate(arms):
             when = select.taken(conds, index, ctx)
-            gates = select.gated(select.assigned(block), when, is_function, ctx, body) if grad else {}
+            gates = select.gated(select.assigned(block), when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
-            envs.append(self._speculate(block, stem, facts, bound, ctx, body, when, guards, nonempty, gates, inplace))
+            envs.append(spec.branch(block, stem, when, gates))
         targets = list(dict.fromkeys(target for env in envs for target in env))
-        if not targets:
+        effects = spec.effects > 0  # a deferred effect or check, gated
+        if not targets and not effects:
             raise Decline("the branches assign nothing")
-        read_after = self._read_outside(ctx.fdef, stmt)
         selects: list[tuple[str, list[str]]] = []  # (target, its value on each path: a temp, or the target unchanged)
         for target in targets:
             is_attr = target.startswith("self.")
             pre_bound = is_attr or target in bound
             if not pre_bound and not all(target in env for env in envs):
-                if target in read_after:
+                if live_after(ctx.fdef, stmt, target):
                     raise Decline(f"`{target}` is assigned on one path only and read after the if")
                 continue  # a temporary of one branch, never read afterwards
+            mutated = None if is_attr else updated_after(ctx.fdef, stmt, target)
+            if mutated is not None:
+                raise Decline(
+                    f"`{target}` is updated in place after the if (line {mutated.lineno}): the select makes a new "
+                    "tensor, where the original kept the one the path assigned (which other names may share)"
+                )
             selects.append((target, [env.get(target, target) for env in envs]))
+        if not selects and effects and not spec.nested:
+            ctx.notes.append("effects only: each happens when its branch would have run")
+            return body, []
         if not selects:
             raise Decline("the branches only assign temporaries")
         meta_checks = [
-            ast.Call(func=ctx.runtime("same_meta"), args=[self._ref(values[0]), self._ref(v)], keywords=[])
+            ast.Call(func=ctx.runtime("same_meta"), args=[select.ref(values[0]), select.ref(v)], keywords=[])
             for _, values in selects
             for v in values[1:]
         ]
@@ -421,21 +434,21 @@ class Where(CondForm, TrailingCallForm, Rule):
         predicated: list[ast.stmt] = []
         chosen: list[list[ast.stmt]] = [[] for _ in arms]
         for target, values in selects:
-            chosen_value = select.selected(conds, [self._ref(v) for v in values], ctx, grad)
+            chosen_value = select.selected(conds, [select.ref(v) for v in values], ctx, grad)
             if target in inplace:
-                copy_back = ast.Attribute(value=self._ref(target), attr="copy_", ctx=ast.Load())
+                copy_back = ast.Attribute(value=select.ref(target), attr="copy_", ctx=ast.Load())
                 predicated.append(ast.Expr(value=ast.Call(func=copy_back, args=[chosen_value], keywords=[])))
             else:
                 predicated.append(self._store_stmt(target, chosen_value, ctx))
             for index, value in enumerate(values):
                 if value != target:
-                    chosen[index].append(self._store_stmt(target, self._ref(value), ctx, plain=True))
+                    chosen[index].append(self._store_stmt(target, select.ref(value), ctx, plain=True))
         plain: list[ast.stmt] = chosen[-1]
         for cond, block in reversed(list(zip(conds, chosen))):
             plain = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=plain)]
         if inplace:  # the values computed are pure: the original statements run instead
             plain = [select.original(arms)]
-        body.append(ast.If(test=guard, body=predicated, orelse=plain))
+        spec.out.append(ast.If(test=guard, body=predicated, orelse=plain))
         kinds = "in place" if inplace else "buffer/attribute" if any(t.startswith("self.") for t, _ in selects) else "names"
         shape = f"if/elif ({len(arms)} ways)" if len(arms) > 2 else ("if/else" if arms[-1][1] else "if")
         nested = "nested torch.where" if len(arms) > 2 else "torch.where"
@@ -450,12 +463,6 @@ class Where(CondForm, TrailingCallForm, Rule):
         return body, checked_at_run_time(reaches)
 
     @staticmethod
-    def _ref(name: str) -> ast.expr:
-        if name.startswith("self."):
-            return ast.Attribute(value=load_name("self"), attr=name[5:], ctx=ast.Load())
-        return load_name(name)
-
-    @staticmethod
     def _store_stmt(target: str, value: ast.expr, ctx: RewriteContext, plain: bool = False) -> ast.stmt:
         if target.startswith("self."):
             if plain:
@@ -465,111 +472,3 @@ class Where(CondForm, TrailingCallForm, Rule):
             )
             return ast.Expr(value=call)
         return assign_to(store_name(target), value)
-
-    def _speculate(
-        self,
-        block: list[ast.stmt],
-        side: str,
-        facts: FunctionFacts,
-        bound: set[str],
-        ctx: RewriteContext,
-        out: list[ast.stmt],
-        taken: ast.expr | None = None,
-        guards: list[ast.expr] | None = None,
-        nonempty: frozenset[str] = frozenset(),
-        gates: dict[str, str] | None = None,
-        inplace: set[str] | None = None,
-    ) -> dict[str, str]:
-        """Each assignment of ``block`` into a fresh temporary (``env``: target -> temp),
-        appended to ``out``; ``taken``: when the branch would have run (a trapped check
-        in it fires only then). With ``inplace``, a last statement ``t.add_(v)`` (and the
-        other ``select.IN_PLACE`` updates) of a tensor bound before is one more target,
-        its new value computed out of place; its key is added to ``inplace``."""
-        env: dict[str, str] = {}
-        known = set(bound)
-        for node in block:
-            trapped = select.trapped_check(node)
-            if trapped is not None and taken is not None and guards is not None:
-                out.append(self._regate(trapped, copy.deepcopy(taken), env, facts, known, ctx, guards))
-                continue
-            effect = select.deferred_effect(node)
-            if effect is not None and taken is not None and guards is not None:
-                empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
-                for reason in deferred_blockers(effect, facts, known | set(env), empty):
-                    raise Decline(f"`{ast.unparse(node)}` in the branch: {reason}")
-                guard_nonempty(empty, ctx, guards)
-                call = Substitute(env).visit(copy.deepcopy(node.value))  # the values, not their gated copies
-                call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))  # type: ignore[attr-defined]
-                out.append(ast.Expr(value=call))
-                note = "a deferred effect in a branch happens only when its branch would have run"
-                ctx.notes += [note] if note not in ctx.notes else []
-                continue
-            update = select.in_place(node) if inplace is not None else None
-            if update is not None:
-                key, computed = update
-                if node is not block[-1]:
-                    raise Decline(f"`{ast.unparse(node)}`: an in-place update before other statements of its branch")
-                if key in env:
-                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value the branch assigned")
-                if not (key.startswith("self.") or key in bound):
-                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value not bound before the if")
-                inplace.add(key)  # type: ignore[union-attr]
-            elif not isinstance(node, ast.Assign) or len(node.targets) != 1:
-                raise Decline("a branch holds a statement other than a single-target assignment")
-            elif isinstance(node.targets[0], ast.Name) or is_self_attr(node.targets[0]):
-                key, computed = ast.unparse(node.targets[0]), node.value
-            else:
-                raise Decline(f"assignment to `{ast.unparse(node.targets[0])}` (only names and self.<attr> are predicated)")
-            guardable = frozenset(bound) - set(env) if guards is not None else frozenset()
-            empty = Emptiness(nonempty - set(env), guardable)
-            for reason in speculation_blockers(computed, facts, known | set(env), empty):
-                raise Decline(f"`{ast.unparse(node)}`: {reason}")
-            if guards is not None:
-                guard_nonempty(empty, ctx, guards)
-            value = Substitute({**(gates or {}), **env}).visit(copy.deepcopy(computed))
-            temp = ctx.fresh(side)
-            out.append(assign_to(store_name(temp), value))
-            env[key] = temp
-            known.add(key)
-        return env
-
-    def _regate(
-        self,
-        trapped: tuple[str, ast.Call],
-        taken: ast.expr,
-        env: dict[str, str],
-        facts: FunctionFacts,
-        known: set[str],
-        ctx: RewriteContext,
-        guards: list[ast.expr],
-    ) -> ast.stmt:
-        """A check [Trap] already rewrote inside this branch: it may only fire
-        when its branch would have run, so its flag is and-ed with the test."""
-        flag_name, call = trapped
-        if flag_name not in env:
-            raise Decline("a trapped check whose flag is not computed in the same branch")
-        site, flag, exc, args = call.args
-        for reason in deferred_blockers(args, facts, known | set(env)):
-            raise Decline(f"the message of a check in the branch: {reason}")
-        flag = Substitute(env).visit(copy.deepcopy(flag))
-        ctx.notes.append("a validation check inside the branch fires only when its branch would have run")
-        regated = ast.Call(
-            func=ctx.runtime("trap"),
-            args=[
-                copy.deepcopy(site),
-                ast.Call(func=ctx.runtime("gate"), args=[taken, flag], keywords=[]),
-                copy.deepcopy(exc),
-                Substitute(env).visit(copy.deepcopy(args)),
-            ],
-            keywords=[],
-        )
-        return ast.Expr(value=regated)
-
-    @staticmethod
-    def _read_outside(fdef: ast.AST, stmt: ast.stmt) -> set[str]:
-        inside = {id(n) for n in ast.walk(stmt)}
-        return {
-            n.id
-            for n in ast.walk(fdef)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
-        }

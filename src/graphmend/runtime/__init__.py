@@ -465,6 +465,38 @@ def equal(a: Any, b: Any) -> Any:
     return torch.logical_not((a != b).any())
 
 
+def tensor_and(*values: Any) -> Any:
+    """``a and b ...`` in a test as ``torch.logical_and`` of its tensors, decided while
+    tracing: a false Python bool or number among them makes it false, a true one drops
+    out; any other operand (or two devices) gives None, which no guard accepts, so the
+    test runs as written. The rules prove every operand safe to evaluate."""
+    return _fold(torch.logical_and, values, decided_by=False)
+
+
+def tensor_or(*values: Any) -> Any:
+    """``a or b ...``: ``torch.logical_or``; a true Python operand decides (``tensor_and``)."""
+    return _fold(torch.logical_or, values, decided_by=True)
+
+
+def _fold(op: Any, values: tuple, decided_by: bool) -> Any:
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    plain = [v for v in values if not isinstance(v, torch.Tensor)]
+    if not tensors or any(type(v) not in (bool, int, float) for v in plain) or len({t.device for t in tensors}) > 1:
+        return None
+    for v in plain:
+        if (True if v else False) == decided_by:  # an `if`: Dynamo decides it, and guards on it
+            return torch.full((), decided_by, dtype=torch.bool, device=tensors[0].device)
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = op(out, t)
+    return out
+
+
+def tensor_not(value: Any) -> Any:
+    """``not a`` in a test: ``torch.logical_not`` of a tensor, else None (``tensor_and``)."""
+    return torch.logical_not(value) if isinstance(value, torch.Tensor) else None
+
+
 def gate(taken: Any, flag: Any) -> Any:
     """The flag of a check inside a branch: set only if the branch is taken.
 
@@ -557,6 +589,9 @@ __all__ = [
     "call",
     "speculate",
     "equal",
+    "tensor_and",
+    "tensor_or",
+    "tensor_not",
     "gate",
     "trap",
     "trappable",

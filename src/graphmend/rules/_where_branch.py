@@ -1,0 +1,248 @@
+"""The branches of [Where], computed: each statement of a branch into fresh
+temporaries, in order, whether or not the branch is taken. Part of the
+[Where] rule (where.py); the select among them is in ``_where_select``.
+
+A branch may hold single-target assignments (to names or ``self.<attr>``),
+the calls [Defer] and [Trap] wrote (performed or raised only when the branch
+would have run: ``when=`` / ``runtime.gate``), one in-place update as its
+last statement, and nested ``if``/``else`` statements of the same kinds.
+
+A nested ``if``'s test is computed like any value (it must be safe to
+evaluate where the original would not have), both its branches too, and
+each name they assign selected with ``torch.where``. Whether that test is a
+0-dim bool tensor, and whether the two values have the same shape, dtype and
+device, is known only once they are computed: the rest of the computation
+then sits inside ``if runtime.predicable(c) and runtime.same_meta(a, b):``,
+whose ``else`` is the original statement (``FALLBACK``, filled in by
+where.py): Dynamo decides it while tracing.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass
+
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.purity import Emptiness, speculation_blockers
+from graphmend.rules import Decline, RewriteContext
+from graphmend.rules import _where_select as select
+from graphmend.rules._ast import (
+    Substitute,
+    assign_to,
+    is_self_attr,
+    load_name,
+    store_name,
+)
+from graphmend.rules._predicate import (
+    deferred_blockers,
+    guard_nonempty,
+    has_boolops,
+    is_static_test,
+    lower,
+)
+
+FALLBACK = "graphmend: the original statement"  # the marker ``fill_fallback`` replaces
+
+
+def fallback_marker() -> ast.stmt:
+    return ast.Expr(value=ast.Constant(FALLBACK))
+
+
+def fill_fallback(body: list[ast.stmt], original: ast.stmt) -> None:
+    """Put a copy of ``original`` wherever ``body`` holds the marker."""
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        for name in ("body", "orelse"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                block[:] = [
+                    copy.deepcopy(original)
+                    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value == FALLBACK
+                    else s
+                    for s in block
+                ]
+
+
+def as_written(block: list[ast.stmt], ctx: RewriteContext) -> list[ast.stmt]:
+    """``block`` with each ``if`` an earlier [Where] site of this pass rewrote read as written."""
+    out: list[ast.stmt] = []
+    index = 0
+    while index < len(block):
+        node = block[index]
+        found = ctx.replaced.get(id(node))
+        if found is None or ctx.replaced_by.get(id(node)) != "where":
+            out.append(node)
+            index += 1
+            continue
+        original = found[1]
+        while index < len(block) and (ctx.replaced.get(id(block[index])) or (None, None))[1] is original:
+            index += 1
+        out.append(original)
+    return out
+
+
+def has_nested_if(block: list[ast.stmt], ctx: RewriteContext) -> bool:
+    """Whether a branch holds an ``if`` (as written) other than a check [Trap] wrote."""
+    return any(isinstance(n, ast.If) and select.trapped_check(n) is None for n in as_written(block, ctx))
+
+
+@dataclass
+class Speculation:
+    """What the branches of one site share while they are computed.
+
+    ``out``: where the next statement goes (a nested ``if`` moves it inside its
+    check); ``guards``: checks made before the computation (``runtime.nonempty``
+    of names bound before the ``if``; None: none may be added); ``inplace``:
+    targets updated in place (None: such updates are declined)."""
+
+    facts: FunctionFacts
+    bound: set[str]
+    ctx: RewriteContext
+    out: list[ast.stmt]
+    guards: list[ast.expr] | None = None
+    nonempty: frozenset[str] = frozenset()
+    inplace: set[str] | None = None
+    nested: int = 0  # nested ifs met
+    effects: int = 0  # deferred effects and checks, gated by when their branch runs
+
+    def branch(
+        self,
+        block: list[ast.stmt],
+        side: str,
+        taken: ast.expr | None = None,
+        gates: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        last: bool = True,
+    ) -> dict[str, str]:
+        """Each statement of ``block`` computed into fresh temporaries; returns ``env``
+        (target -> the temporary holding its value at the end of the block).
+        ``taken``: when the branch would have run; ``env``: the values assigned
+        before it (a nested branch); ``last``: the block ends its branch (an
+        in-place update may close it)."""
+        env = {} if env is None else env
+        known = set(self.bound)
+        for node in as_written(block, self.ctx):
+            if isinstance(node, ast.If) and select.trapped_check(node) is None:
+                self._nested(node, env, known, side, taken)
+                continue
+            trapped = select.trapped_check(node)
+            if trapped is not None and taken is not None and self.guards is not None:
+                self.out.append(self._regate(trapped, copy.deepcopy(taken), env, known))
+                self.effects += 1
+                continue
+            effect = select.deferred_effect(node)
+            if effect is not None and taken is not None and self.guards is not None:
+                self._effect(node, effect, env, known, taken)
+                continue
+            update = select.in_place(node) if self.inplace is not None else None
+            if update is not None:
+                key, computed = update
+                if node is not block[-1] or not last:
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update before other statements of its branch")
+                if key in env:
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value the branch assigned")
+                if not (key.startswith("self.") or key in self.bound):
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value not bound before the if")
+                self.inplace.add(key)  # type: ignore[union-attr]
+            elif not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                raise Decline(f"a branch holds a statement other than a single-target assignment: {select.other_statement(node)}")
+            elif isinstance(node.targets[0], ast.Name) or is_self_attr(node.targets[0]):
+                key, computed = ast.unparse(node.targets[0]), node.value
+            else:
+                raise Decline(f"assignment to `{ast.unparse(node.targets[0])}` (only names and self.<attr> are predicated)")
+            value = self._value(computed, env, known, gates, f"`{ast.unparse(node)}`")
+            temp = self.ctx.fresh(side)
+            self.out.append(assign_to(store_name(temp), value))
+            env[key] = temp
+            known.add(key)
+        return env
+
+    def _value(
+        self, computed: ast.expr, env: dict[str, str], known: set[str], gates: dict[str, str] | None, what: str
+    ) -> ast.expr:
+        """``computed`` as evaluated on every call: proven safe, on the branch's values so far."""
+        guardable = frozenset(self.bound) - set(env) if self.guards is not None else frozenset()
+        empty = Emptiness(self.nonempty - set(env), guardable)
+        for reason in speculation_blockers(computed, self.facts, known | set(env), empty):
+            raise Decline(f"{what}: {reason}")
+        if self.guards is not None:
+            guard_nonempty(empty, self.ctx, self.guards)
+        return Substitute({**(gates or {}), **env}).visit(copy.deepcopy(computed))
+
+    def _effect(self, node: ast.stmt, effect: ast.expr, env: dict[str, str], known: set[str], taken: ast.expr) -> None:
+        empty = Emptiness(self.nonempty - set(env), frozenset(self.bound) - set(env))
+        for reason in deferred_blockers(effect, self.facts, known | set(env), empty):
+            raise Decline(f"`{ast.unparse(node)}` in the branch: {reason}")
+        guard_nonempty(empty, self.ctx, self.guards)  # type: ignore[arg-type]
+        call = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]  # the values, not gated copies
+        call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))
+        self.out.append(ast.Expr(value=call))
+        self.effects += 1
+        note = "a deferred effect in a branch happens only when its branch would have run"
+        self.ctx.notes += [note] if note not in self.ctx.notes else []
+
+    def _nested(self, node: ast.If, env: dict[str, str], known: set[str], side: str, taken: ast.expr | None) -> None:
+        """``if t: A else: B`` inside a branch: ``t``, ``A`` and ``B`` computed, each name
+        they assign selected; the rest of the computation inside the check that the
+        select is exact (``predicable``, ``same_meta``), else the original statement."""
+        ctx = self.ctx
+        code = ast.unparse(node.test)
+        inner = ctx.original_of(node.orelse) if node.orelse else None
+        if isinstance(inner, ast.If) and select.trapped_check(inner) is None:
+            raise Decline(f"a nested if/elif chain (`if {code}`) inside a branch")
+        if not has_boolops(node.test) and is_static_test(node.test, self.facts):
+            raise Decline(f"a nested if on `{code}`, which is not a tensor test")
+        self._value(node.test, env, known, None, f"the nested test `{code}`")  # safe on every call
+        test = Substitute(env).visit(lower(copy.deepcopy(node.test), self.facts, ctx))
+        cond = ctx.fresh("c")
+        self.out.append(assign_to(store_name(cond), test))
+        self.nested += 1
+        arms = [(cond, node.body), (None, node.orelse)]
+        envs = []
+        for index, (_, block) in enumerate(arms):
+            when = select.taken([cond], index, ctx)
+            if taken is not None:
+                when = ast.Call(func=ctx.torch("logical_and"), args=[copy.deepcopy(taken), when], keywords=[])
+            envs.append(self.branch(block, side, when, env=dict(env), last=False))
+        checks: list[ast.expr] = [ast.Call(func=ctx.runtime("predicable"), args=[load_name(cond)], keywords=[])]
+        merged: list[ast.stmt] = []
+        for target in dict.fromkeys(t for e in envs for t in e):
+            values = [e.get(target, env.get(target, target if target in known or target.startswith("self.") else "")) for e in envs]
+            if "" in values:
+                raise Decline(f"`{target}` is assigned on one path of a nested if only")
+            if values[0] == values[1]:
+                continue
+            refs = [select.ref(v) for v in values]
+            checks.append(ast.Call(func=ctx.runtime("same_meta"), args=copy.deepcopy(refs), keywords=[]))
+            temp = ctx.fresh(side)
+            merged.append(assign_to(store_name(temp), ast.Call(func=ctx.torch("where"), args=[load_name(cond), *refs], keywords=[])))
+            env[target] = temp
+            known.add(target)
+        rest: list[ast.stmt] = [*merged]
+        self.out.append(ast.If(test=ast.BoolOp(op=ast.And(), values=checks), body=rest, orelse=[fallback_marker()]))
+        self.out = rest
+        ctx.notes += [n for n in ["a nested if is selected with torch.where too"] if n not in ctx.notes]
+
+    def _regate(self, trapped: tuple[str, ast.Call], taken: ast.expr, env: dict[str, str], known: set[str]) -> ast.stmt:
+        """A check [Trap] already rewrote inside this branch: it may only fire
+        when its branch would have run, so its flag is and-ed with the test."""
+        ctx = self.ctx
+        flag_name, call = trapped
+        if flag_name not in env:
+            raise Decline("a trapped check whose flag is not computed in the same branch")
+        site, flag, exc, args = call.args
+        for reason in deferred_blockers(args, self.facts, known | set(env)):
+            raise Decline(f"the message of a check in the branch: {reason}")
+        flag = Substitute(env).visit(copy.deepcopy(flag))
+        ctx.notes.append("a validation check inside the branch fires only when its branch would have run")
+        regated = ast.Call(
+            func=ctx.runtime("trap"),
+            args=[
+                copy.deepcopy(site),
+                ast.Call(func=ctx.runtime("gate"), args=[taken, flag], keywords=[]),
+                copy.deepcopy(exc),
+                Substitute(env).visit(copy.deepcopy(args)),
+            ],
+            keywords=[],
+        )
+        return ast.Expr(value=regated)

@@ -1,0 +1,143 @@
+"""The source facts the rules prove legality with (analysis/facts.py)."""
+
+import ast
+import textwrap
+
+import pytest
+
+from graphmend.analysis.facts import live_after, updated_after
+
+LIVENESS = [
+("""
+def f(x):
+    if c:
+        lim = 1
+        x = x + lim
+    return x
+""", "lim", False),
+("""
+def f(x):
+    if c:
+        lim = 1
+    return lim
+""", "lim", True),
+("""
+def f(x):
+    if c:
+        lim = 1
+    lim = 2
+    return lim
+""", "lim", False),
+("""
+def f(x):
+    for i in range(3):
+        y = lim if i else 0
+        if c:
+            lim = 1
+    return x
+""", "lim", True),
+("""
+def f(x):
+    if c:
+        lim = 1
+    if d:
+        lim = 3
+    else:
+        x = lim
+    return x
+""", "lim", True),
+("""
+def f(x):
+    if c:
+        lim = 1
+    if d:
+        lim = 3
+    else:
+        return x
+    return lim
+""", "lim", False),
+("""
+def f(x):
+    if c:
+        lim = 1
+    del lim
+""", "lim", True),
+("""
+def f(x):
+    if c:
+        lim = 1
+    lim += 1
+""", "lim", True),
+("""
+def f(x):
+    g = lambda: lim
+    if c:
+        lim = 1
+    return g
+""", "lim", True),
+("""
+def f(x):
+    if a:
+        if c:
+            lim = 1
+        x = 2
+    else:
+        x = lim
+    return x
+""", "lim", False),
+("""
+def f(x):
+    if a:
+        if c:
+            lim = 1
+        x = 2
+    return lim
+""", "lim", True),
+]
+
+
+@pytest.mark.parametrize("source,name,live", LIVENESS, ids=['a-temporary-of-the-branch', 'returned-after', 'assigned-again-first', 'read-in-the-enclosing-loop', 'read-on-one-path-of-a-later-if', 'assigned-or-left-on-every-later-path', 'deleted-after', 'updated-with-plus-equals', 'read-by-a-closure', 'the-enclosing-else-is-skipped', 'read-after-the-enclosing-if'])
+def test_live_after_an_if(source, name, live):
+    """Whether the value a branch of ``if c:`` gave ``name`` may be read later: a
+    name [Where] may leave unassigned on the predicated path only when it is not."""
+    fdef = ast.parse(textwrap.dedent(source)).body[0]
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "c")
+    assert live_after(fdef, site, name) is live
+
+
+UPDATES = [
+    ("h.add_(1)", True),
+    ("h[0] = 0.0", True),
+    ("h += 1", True),
+    ("h = h + 1", False),
+    ("y = h.add(1)", False),
+    ("g.add_(1)", False),
+]
+
+
+@pytest.mark.parametrize("later,updated", UPDATES, ids=[u[0] for u in UPDATES])
+def test_updated_in_place_after_an_if(later, updated):
+    """What [Where] declines for: after a select, `h` is a new tensor, so an in-place
+    update no longer reaches the tensor the original path kept (an input, say)."""
+    source = f"def f(x, g):\n    h = x\n    if c:\n        h = h * 2\n    {later}\n    return h\n"
+    fdef = ast.parse(source).body[0]
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    assert (updated_after(fdef, site, "h") is not None) is updated
+
+
+def test_an_update_earlier_in_an_enclosing_loop_runs_after_the_if_too():
+    source = "def f(x):\n    h = x\n    for i in range(2):\n        h.mul_(2)\n        if c:\n            h = h * 2\n    return h\n"
+    fdef = ast.parse(source).body[0]
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    assert updated_after(fdef, site, "h") is not None
+
+
+def test_an_update_after_a_reassignment_from_arithmetic_reaches_a_new_tensor():
+    source = "def f(x):\n    h = x\n    if c:\n        h = h * 2\n    h = h + 1.0\n    h.mul_(2)\n    return h\n"
+    fdef = ast.parse(source).body[0]
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    assert updated_after(fdef, site, "h") is None
+    aliased = source.replace("h = h + 1.0", "h = h.float()")  # may be the same tensor
+    fdef = ast.parse(aliased).body[0]
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    assert updated_after(fdef, site, "h") is not None
