@@ -372,6 +372,50 @@ def test_or_guard_on_finite_inf_and_nan_inputs():
     assert any("predicated" in n for o in report.outcomes for n in o.notes)
 
 
+
+
+def _original(cls, inputs, grad=False):
+    """What the original code gives on each input (before any mend: a mend rewrites
+    the class's functions): (output, input gradient or None, printed text)."""
+    out = []
+    for args in inputs:
+        xs = [a.clone().requires_grad_(grad) if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.set_grad_enabled(grad):
+            cap = run(cls(), *xs) if not grad else None
+            output = cls()(*xs) if grad else cap.output
+        gx = torch.autograd.grad(output.sum(), xs[0])[0] if grad else None
+        out.append((output, gx, "" if grad else cap.stdout))
+    return out
+
+
+def _same_as_original(cls, inputs, grad=False, graphs=1, example=P):
+    """Mend ``cls`` through graphmend.compile; every input as the original, in ``graphs`` graphs."""
+    expected = _original(cls, inputs, grad)
+    backend = CountingBackend()
+    compiled = graphmend.compile(cls(), backend=backend, example_inputs=(example,))
+    got = _compiled_results(compiled, inputs, grad)
+    for (eo, eg, et), (go, gg, gt) in zip(expected, got):
+        assert et == gt
+        pairs = zip(eo, go) if isinstance(eo, tuple) else [(eo, go)]
+        assert all(bits_equal(e, g) for e, g in pairs)
+        assert eg is None or bits_equal(eg, gg)
+    assert len(backend.graphs) == graphs
+    return compiled.report
+
+
+def _compiled_results(compiled, inputs, grad):
+    out = []
+    for args in inputs:
+        xs = [a.clone().requires_grad_(grad) if isinstance(a, torch.Tensor) else a for a in args]
+        if grad:
+            output = compiled(*xs)
+            out.append((output, torch.autograd.grad(output.sum(), xs[0])[0], ""))
+        else:
+            cap = run(compiled, *xs)
+            out.append((cap.output, None, cap.stdout))
+    return out
+
+
 MIXED = torch.tensor([[2.0, -1.0, 0.5, 0.2], [0.1, 0.3, -0.2, 0.4]])
 
 
@@ -381,35 +425,17 @@ def test_and_not_over_operands_not_provably_tensors_are_decided_while_tracing(gr
     is lowered to the runtime's tensor_and / tensor_not, which Dynamo resolves to
     torch.logical_and / logical_not. One graph, every path bit for bit, with
     eager's gradients."""
-    model = B.UntypedAndNot()
-    backend = CountingBackend()
-    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
-    assert [o.status for o in compiled.report.outcomes] == ["applied", "applied"]
-    for x in (P, N, MIXED, P * 0.1):
-        with torch.set_grad_enabled(grad):
-            xe, xc = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
-            expected, got = model(xe), compiled(xc)  # the mended model, uncompiled, is the original's code path
-            reference = B.UntypedAndNot()(x.clone().requires_grad_(grad))
-        assert bits_equal(reference, got) and bits_equal(expected, got)
-        if grad:
-            (gx,) = torch.autograd.grad(got.sum(), xc)
-            xr = x.clone().requires_grad_(True)
-            (rx,) = torch.autograd.grad(B.UntypedAndNot()(xr).sum(), xr)
-            assert bits_equal(rx, gx)
-    assert len(backend.graphs) == 1
+    report = _same_as_original(B.UntypedAndNot, [(P,), (N,), (MIXED,), (P * 0.1,)], grad=grad)
+    assert [o.status for o in report.outcomes] == ["applied", "applied"]
 
 
 def test_a_python_operand_of_and_is_decided_while_tracing():
     """`abs(scale) > 1` is a Python bool: a false one makes the test false, a true
     one drops out, and Dynamo guards on it (a scale of 0.5 after 2.0 recompiles,
     it is not read as true)."""
-    model = B.PythonOperand()
-    backend = CountingBackend()
-    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
-    assert compiled.report.before.graphs == 2 and compiled.report.after.graphs == 1
-    for args in [(P,), (N,), (P, 0.5), (N, 0.5), (P, 2.0), (P, torch.tensor(2.0))]:
-        with torch.no_grad():
-            assert bits_equal(B.PythonOperand()(*args), compiled(*args)), args
+    inputs = [(P,), (N,), (P, 0.5), (N, 0.5), (P, 2.0), (P, torch.tensor(2.0))]
+    report = _same_as_original(B.PythonOperand, inputs, graphs=3)  # recompiles: scale 0.5, a tensor scale
+    assert report.before.graphs == 2 and report.after.graphs == 1
 
 
 NESTED_INPUTS = [(P,), (P * 3,), (N,), (torch.tensor([[4.0, -2.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),)]
@@ -419,31 +445,34 @@ NESTED_INPUTS = [(P,), (P * 3,), (N,), (torch.tensor([[4.0, -2.0, 1.0, 1.0], [0.
 def test_nested_ifs_and_effect_only_branches_are_one_graph_on_every_path(cls):
     """A nested if is computed and selected with torch.where inside its branch, a
     print in a branch happens only when the branch would have run: outputs and
-    printed text as eager's, on inputs taking every path."""
-    model = cls()
-    backend = CountingBackend()
-    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
-    dc = [o for o in compiled.report.outcomes if o.category == "DC"]
-    assert dc and all(o.status == "applied" for o in dc), compiled.report.outcomes
-    for args in NESTED_INPUTS:
-        eager, got = run(cls(), *args), run(compiled, *args)
-        assert eager.stdout == got.stdout
-        outputs = (eager.output, got.output) if isinstance(eager.output, tuple) else ((eager.output,), (got.output,))
-        assert all(bits_equal(e, g) for e, g in zip(*outputs))
-    assert len(backend.graphs) == 1
+    printed text as the original's, on inputs taking every path."""
+    report = _same_as_original(cls, NESTED_INPUTS)
+    dc = [o for o in report.outcomes if o.category == "DC"]
+    assert dc and all(o.status == "applied" for o in dc), report.outcomes
 
 
 def test_a_name_one_branch_assigns_and_no_path_reads_later_is_a_temporary():
     """`lim` of the first guard is assigned again before the second reads it."""
     big = torch.full((2, 4), 30.0)
-    model = B.TwoOverflowGuards()
-    backend = CountingBackend()
-    compiled = graphmend.compile(model, backend=backend, example_inputs=(big,))
-    assert [o.status for o in compiled.report.outcomes] == ["applied", "applied"], compiled.report.outcomes
-    for x in (big, P * 0.001, big * 0.1):
-        with torch.no_grad():
-            assert bits_equal(B.TwoOverflowGuards()(x), compiled(x))
-    assert len(backend.graphs) == 1
+    report = _same_as_original(B.TwoOverflowGuards, [(big,), (P * 0.001,), (big * 0.1,)], example=big)
+    assert [o.status for o in report.outcomes] == ["applied", "applied"], report.outcomes
+
+
+def test_an_effect_in_a_branch_happens_once_when_the_original_statements_run():
+    """Found by the fuzzer (seed 22): a deferred print was recorded before the check
+    that sends the call to the original statements, which printed it again. Effects
+    now come after every such check."""
+    inputs = (P, N, P.double(), N.double())  # float64: the metadata check fails
+    reference = B.PrintThenUpdate()
+    expected = [(run(reference, x), reference.running.clone()) for x in inputs]  # the original code
+    assert expected[2][0].stdout.count("updating") == 1
+    model = B.PrintThenUpdate()
+    compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(P,))
+    assert [o.status for o in compiled.report.outcomes if o.category == "DC"] == ["applied"]
+    for x, (eager, running) in zip(inputs, expected):
+        got = run(compiled, x)
+        assert got.stdout == eager.stdout and bits_equal(got.output, eager.output)
+        assert bits_equal(model.running, running)
 
 
 def test_a_value_updated_in_place_after_the_if_is_declined_and_the_callers_tensor_still_changes():

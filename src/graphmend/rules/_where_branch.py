@@ -14,14 +14,19 @@ each name they assign selected with ``torch.where``. Whether that test is a
 device, is known only once they are computed: the rest of the computation
 then sits inside ``if runtime.predicable(c) and runtime.same_meta(a, b):``,
 whose ``else`` is the original statement (``FALLBACK``, filled in by
-where.py): Dynamo decides it while tracing.
+where.py): Dynamo decides it while tracing. An ``assert`` [Trap] rewrote
+(``if __debug__: ...``) continues the same way, under ``if __debug__:``.
+
+The deferred effects and checks of the branches are held back (``pending``)
+and placed after every check that can fall back to the original statements,
+which would perform them again.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphmend.analysis.facts import FunctionFacts
 from graphmend.analysis.purity import Emptiness, speculation_blockers
@@ -83,7 +88,19 @@ def as_written(block: list[ast.stmt], ctx: RewriteContext) -> list[ast.stmt]:
 
 def has_nested_if(block: list[ast.stmt], ctx: RewriteContext) -> bool:
     """Whether a branch holds an ``if`` (as written) other than a check [Trap] wrote."""
-    return any(isinstance(n, ast.If) and select.trapped_check(n) is None for n in as_written(block, ctx))
+    return any(
+        isinstance(n, ast.If) and select.trapped_check(n) is None and not _is_debug_block(n) for n in as_written(block, ctx)
+    )
+
+
+def _is_debug_block(node: ast.stmt) -> bool:
+    """``if __debug__: ...`` around a check [Trap] rewrote from an ``assert``."""
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "__debug__"
+        and any(select.trapped_check(n) is not None for n in node.body)
+    )
 
 
 @dataclass
@@ -103,7 +120,10 @@ class Speculation:
     nonempty: frozenset[str] = frozenset()
     inplace: set[str] | None = None
     nested: int = 0  # nested ifs met
-    effects: int = 0  # deferred effects and checks, gated by when their branch runs
+    # Deferred effects and checks, gated by when their branch runs, in order: the caller
+    # places them after every check that can fall back to the original statements
+    # (which would perform them again).
+    pending: list[ast.stmt] = field(default_factory=list)
 
     def branch(
         self,
@@ -121,14 +141,21 @@ class Speculation:
         in-place update may close it)."""
         env = {} if env is None else env
         known = set(self.bound)
-        for node in as_written(block, self.ctx):
+        pending = as_written(block, self.ctx)
+        while pending:
+            node = pending.pop(0)
+            if _is_debug_block(node):  # an assert [Trap] rewrote: under python -O, the original statement
+                rest: list[ast.stmt] = []
+                self.out.append(ast.If(test=load_name("__debug__"), body=rest, orelse=[fallback_marker()]))
+                self.out = rest
+                pending[:0] = node.body  # type: ignore[attr-defined]
+                continue
             if isinstance(node, ast.If) and select.trapped_check(node) is None:
                 self._nested(node, env, known, side, taken)
                 continue
             trapped = select.trapped_check(node)
             if trapped is not None and taken is not None and self.guards is not None:
-                self.out.append(self._regate(trapped, copy.deepcopy(taken), env, known))
-                self.effects += 1
+                self.pending.append(self._regate(trapped, copy.deepcopy(taken), env, known))
                 continue
             effect = select.deferred_effect(node)
             if effect is not None and taken is not None and self.guards is not None:
@@ -176,8 +203,7 @@ class Speculation:
         guard_nonempty(empty, self.ctx, self.guards)  # type: ignore[arg-type]
         call = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]  # the values, not gated copies
         call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))
-        self.out.append(ast.Expr(value=call))
-        self.effects += 1
+        self.pending.append(ast.Expr(value=call))
         note = "a deferred effect in a branch happens only when its branch would have run"
         self.ctx.notes += [note] if note not in self.ctx.notes else []
 

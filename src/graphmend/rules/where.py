@@ -358,6 +358,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         chosen = load_name(values[-1])
         for cond, value in reversed(list(zip(conds, values))):
             chosen = ast.IfExp(test=load_name(cond), body=load_name(value), orelse=chosen)
+        spec.out.extend(spec.pending)
         spec.out.append(
             ast.If(
                 test=same[0] if len(same) == 1 else ast.BoolOp(op=ast.And(), values=same),
@@ -402,12 +403,14 @@ class Where(CondForm, TrailingCallForm, Rule):
             stem = select.side(index, len(arms))
             envs.append(spec.branch(block, stem, when, gates))
         targets = list(dict.fromkeys(target for env in envs for target in env))
-        effects = spec.effects > 0  # a deferred effect or check, gated
+        effects = bool(spec.pending)  # a deferred effect or check, gated
         if not targets and not effects:
             raise Decline("the branches assign nothing")
         selects: list[tuple[str, list[str]]] = []  # (target, its value on each path: a temp, or the target unchanged)
         for target in targets:
             is_attr = target.startswith("self.")
+            if is_attr and any(type(v) in (bool, int, float) for v in ctx.attribute_values(target[5:])):
+                raise Decline(f"`{target}` holds a Python number: a select needs a tensor (the original would always run)")
             pre_bound = is_attr or target in bound
             if not pre_bound and not all(target in env for env in envs):
                 if live_after(ctx.fdef, stmt, target):
@@ -422,6 +425,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             selects.append((target, [env.get(target, target) for env in envs]))
         if not selects and effects and not spec.nested:
             ctx.notes.append("effects only: each happens when its branch would have run")
+            spec.out.extend(spec.pending)
             return body, []
         if not selects:
             raise Decline("the branches only assign temporaries")
@@ -446,8 +450,11 @@ class Where(CondForm, TrailingCallForm, Rule):
         plain: list[ast.stmt] = chosen[-1]
         for cond, block in reversed(list(zip(conds, chosen))):
             plain = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=plain)]
-        if inplace:  # the values computed are pure: the original statements run instead
+        if inplace:  # the values computed are pure: the original statements run instead (effects too)
             plain = [select.original(arms)]
+            predicated[:0] = spec.pending
+        else:
+            spec.out.extend(spec.pending)
         spec.out.append(ast.If(test=guard, body=predicated, orelse=plain))
         kinds = "in place" if inplace else "buffer/attribute" if any(t.startswith("self.") for t, _ in selects) else "names"
         shape = f"if/elif ({len(arms)} ways)" if len(arms) > 2 else ("if/else" if arms[-1][1] else "if")
