@@ -100,9 +100,14 @@ def f(x):
 def test_live_after_an_if(source, name, live):
     """Whether the value a branch of ``if c:`` gave ``name`` may be read later: a
     name [Where] may leave unassigned on the predicated path only when it is not."""
-    fdef = ast.parse(textwrap.dedent(source)).body[0]
-    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "c")
+    fdef, site = _at_if_c(source)
     assert live_after(fdef, site, name) is live
+
+
+def _at_if_c(source):
+    """The function of ``source`` and its ``if c:`` statement."""
+    fdef = ast.parse(textwrap.dedent(source)).body[0]
+    return fdef, next(n for n in ast.walk(fdef) if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "c")
 
 
 UPDATES = [
@@ -120,24 +125,18 @@ def test_updated_in_place_after_an_if(later, updated):
     """What [Where] declines for: after a select, `h` is a new tensor, so an in-place
     update no longer reaches the tensor the original path kept (an input, say)."""
     source = f"def f(x, g):\n    h = x\n    if c:\n        h = h * 2\n    {later}\n    return h\n"
-    fdef = ast.parse(source).body[0]
-    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    fdef, site = _at_if_c(source)
     assert (updated_after(fdef, site, "h") is not None) is updated
 
 
 def test_an_update_earlier_in_an_enclosing_loop_runs_after_the_if_too():
     source = "def f(x):\n    h = x\n    for i in range(2):\n        h.mul_(2)\n        if c:\n            h = h * 2\n    return h\n"
-    fdef = ast.parse(source).body[0]
-    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
+    fdef, site = _at_if_c(source)
     assert updated_after(fdef, site, "h") is not None
 
 
 def test_an_update_after_a_reassignment_from_arithmetic_reaches_a_new_tensor():
     source = "def f(x):\n    h = x\n    if c:\n        h = h * 2\n    h = h + 1.0\n    h.mul_(2)\n    return h\n"
-    fdef = ast.parse(source).body[0]
-    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
-    assert updated_after(fdef, site, "h") is None
+    assert updated_after(*_at_if_c(source), "h") is None
     aliased = source.replace("h = h + 1.0", "h = h.float()")  # may be the same tensor
-    fdef = ast.parse(aliased).body[0]
-    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.If))
-    assert updated_after(fdef, site, "h") is not None
+    assert updated_after(*_at_if_c(aliased), "h") is not None

@@ -165,8 +165,9 @@ def rewrite_function(
         engine.rewrite(located, [r for _, r in inside], model)
         engine.rewrite(located, [r for _, r in pairs], model)
         lines = {s.line for s, _ in inside}
-        more = inside + [(s, r) for s, r in ahead_sites(located, pairs, rules, enabled, outcomes) if s.line not in lines]
-        node = engine.rewrite(located, [r for s, r in more if s.line not in lines], model)
+        rest = [(s, r) for s, r in ahead_sites(located, pairs, rules, enabled, outcomes) if s.line not in lines]
+        node = engine.rewrite(located, [r for _, r in rest], model)
+        more = inside + rest
         # One that declined stays as it was, unreported: no break was seen there.
         for site, rw in more:
             rw.notes.append(site.verdict)

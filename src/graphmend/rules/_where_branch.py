@@ -141,19 +141,19 @@ class Speculation:
         in-place update may close it)."""
         env = {} if env is None else env
         known = set(self.bound)
-        pending = as_written(block, self.ctx)
-        while pending:
-            node = pending.pop(0)
+        todo = as_written(block, self.ctx)
+        while todo:
+            node = todo.pop(0)
             if _is_debug_block(node):  # an assert [Trap] rewrote: under python -O, the original statement
                 rest: list[ast.stmt] = []
                 self.out.append(ast.If(test=load_name("__debug__"), body=rest, orelse=[fallback_marker()]))
                 self.out = rest
-                pending[:0] = node.body  # type: ignore[attr-defined]
-                continue
-            if isinstance(node, ast.If) and select.trapped_check(node) is None:
-                self._nested(node, env, known, side, taken)
+                todo[:0] = node.body  # type: ignore[attr-defined]
                 continue
             trapped = select.trapped_check(node)
+            if isinstance(node, ast.If) and trapped is None:
+                self._nested(node, env, known, side, taken)
+                continue
             if trapped is not None and taken is not None and self.guards is not None:
                 self.pending.append(self._regate(trapped, copy.deepcopy(taken), env, known))
                 continue
@@ -204,8 +204,12 @@ class Speculation:
         call = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]  # the values, not gated copies
         call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))
         self.pending.append(ast.Expr(value=call))
-        note = "a deferred effect in a branch happens only when its branch would have run"
-        self.ctx.notes += [note] if note not in self.ctx.notes else []
+        self._note("a deferred effect in a branch happens only when its branch would have run")
+
+    def _note(self, note: str) -> None:
+        """Tell the report once, however many statements it concerns."""
+        if note not in self.ctx.notes:
+            self.ctx.notes.append(note)
 
     def _nested(self, node: ast.If, env: dict[str, str], known: set[str], side: str, taken: ast.expr | None) -> None:
         """``if t: A else: B`` inside a branch: ``t``, ``A`` and ``B`` computed, each name
@@ -247,7 +251,7 @@ class Speculation:
         rest: list[ast.stmt] = [*merged]
         self.out.append(ast.If(test=ast.BoolOp(op=ast.And(), values=checks), body=rest, orelse=[fallback_marker()]))
         self.out = rest
-        ctx.notes += [n for n in ["a nested if is selected with torch.where too"] if n not in ctx.notes]
+        self._note("a nested if is selected with torch.where too")
 
     def _regate(self, trapped: tuple[str, ast.Call], taken: ast.expr, env: dict[str, str], known: set[str]) -> ast.stmt:
         """A check [Trap] already rewrote inside this branch: it may only fire

@@ -395,7 +395,9 @@ class Where(CondForm, TrailingCallForm, Rule):
         # (and for a nested if, whose assignments the gates do not see).
         grad = not any(
             key.startswith("self.") for _, block in arms for key, _ in select.assigned(block)
-        ) and not any(select.in_place(node) or has_nested_if(block, ctx) for _, block in arms for node in block)
+        ) and not any(select.in_place(node) for _, block in arms for node in block) and not any(
+            has_nested_if(block, ctx) for _, block in arms
+        )
         envs = []
         for index, (_, block) in enumerate(arms):
             when = select.taken(conds, index, ctx)
