@@ -140,3 +140,38 @@ def test_an_update_after_a_reassignment_from_arithmetic_reaches_a_new_tensor():
     assert updated_after(*_at_if_c(source), "h") is None
     aliased = source.replace("h = h + 1.0", "h = h.float()")  # may be the same tensor
     assert updated_after(*_at_if_c(aliased), "h") is not None
+
+
+PRIOR = [
+    # s holds what h held: both branches reach x
+    ("h = x * 1.0\n    s = h.mean()", "s", "h", []),
+    # h holds another tensor at the if than when s was computed: s reaches w, h reaches v
+    ("h = self.w * 1.0\n    s = h.mean()\n    h = self.v * 1.0", "s", "h", ["h", "s"]),
+    # assigned twice: a root of its own
+    ("s = x.mean()\n    s = s * 2", "s", "x", ["s", "x"]),
+    # read through a parameter never reassigned
+    ("s = x.sum() + self.w", "s", "x", ["self.w"]),
+    # h changed in place after s was computed: h may reach what s does not
+    ("h = x * 1.0\n    s = h.mean()\n    h.mul_(self.w)", "s", "h", ["h", "s"]),
+]
+
+
+@pytest.mark.parametrize("before,left,right,checked", PRIOR, ids=["same", "reassigned", "twice", "param", "in-place"])
+def test_what_a_name_bound_before_the_if_reaches(before, left, right, checked):
+    """[Where] under autograd checks at run time (grad_free) the roots one branch may
+    reach and another does not surely reach: a name assigned once, whose reads hold
+    the same values at the if, reaches what its value reaches."""
+    from graphmend.analysis.gradients import block_reach, checked_at_run_time, prior_reach
+
+    source = f"def f(self, x):\n    {before}\n    if c:\n        y = {left}\n    else:\n        y = {right}\n    return y\n"
+    fdef, site = _at_if_c(source)
+    is_function = lambda name: False  # noqa: E731
+    prior = prior_reach(fdef.body, site, _assignments(fdef), is_function)
+    arms = [block_reach([("y", block[0].value)], is_function, prior)[0]["y"] for block in (site.body, site.orelse)]
+    assert checked_at_run_time(arms) == checked
+
+
+def _assignments(fdef):
+    from graphmend.analysis.facts import FunctionFacts
+
+    return FunctionFacts.of(fdef, {}, {n.id for n in ast.walk(fdef) if isinstance(n, ast.Name)}).assignments

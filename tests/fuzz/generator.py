@@ -5,12 +5,13 @@ logger, maybe module-level helper functions and block classes, and a
 ``Model`` whose ``forward(self, x)`` takes one ``[2, 4]`` float tensor. Its
 statements mix the patterns the rules handle with the traps around them:
 data-dependent ``if`` / ``elif`` / ``else`` (nested, sequential, with early
-returns), prints / logger calls / ``warnings.warn`` of tensors followed by
+returns and returns in some branches), prints / logger calls / ``warnings.warn`` of tensors followed by
 in-place mutation of those tensors, validation checks (``if ...: raise``,
 ``assert``, ``torch._assert``, also inside branches), attribute and buffer
 updates (also inside branches, in place), parameters that may be ``None``, an fp16
 overflow guard, helpers, submodules, loops over an ``nn.ModuleList``, and
-code no rule may touch (``.item()``, boolean indexing, ``nonzero``).
+host reads and data-dependent shapes (``.item()``, boolean indexing,
+``nonzero``).
 
 Weights are seeded (the runner calls ``torch.manual_seed`` before building
 ``Model``), so a program is a pure function of its source.
@@ -196,6 +197,9 @@ def _if(draw, ctx: _Ctx, depth: int, allow_return: bool) -> list[str]:
     lines += _indent(draw(_block(ctx, depth - 1, allow_return, 1, 2)))
     shape = draw(st.sampled_from(["if", "if-else", "if-elif", "if-elif-else"]))
     ctx.features.append(shape)
+    if allow_return and draw(st.integers(0, 3)) == 0:  # the first branch returns, the others go on
+        ctx.features.append("return-in-one-branch")
+        lines.append(f"    return {draw(st.sampled_from(['h * 2', 'h + s', '-h']))}")
     if "elif" in shape:
         lines.append(f"elif {draw(_condition(ctx))}:")
         lines += _indent(draw(_block(ctx, depth - 1, allow_return, 1, 2)))

@@ -7,6 +7,7 @@ bug the fuzzer found in capture, and the golden table of the source rewrites
 (a source -> the exact rewrite, or the exact reason it declines)."""
 
 import copy
+import inspect
 import json
 import subprocess
 import sys
@@ -191,7 +192,9 @@ def test_count_as_slice_bound_declined_then_captured():
     assert report.before.graphs == 2 and graphs == 1 and report.capture.flags == (SCALAR,)
     (ti,) = report.outcomes
     assert ti.status == "applied" and ti.reason.startswith("removed by capture_scalar_outputs")
-    assert ti.notes == ["no source rewrite: `active` is used other than directly in an `if` comparison (line 198)"]
+    lines, first = inspect.getsourcelines(S.CountSlices.forward)
+    use = first + next(i for i, line in enumerate(lines) if "[:active]" in line)
+    assert ti.notes == [f"no source rewrite: `active` is used other than directly in an `if` comparison (line {use})"]
 
 
 def test_float_scalar_in_if_declined():
@@ -227,6 +230,40 @@ def test_item_in_control_flow_declined_and_capture_refused():
     assert site.status == "declined" and "used other than in `*`/`+`/`-`" in site.reason
     assert report.capture.flags == ()
     assert report.capture.notes == [f"{SCALAR}: graphs 2 -> 2, recompiles 0 -> 0; refused: no fewer graphs (2 -> 2)"]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("cls", [S.ItemTest, S.ItemTestAssign], ids=["early-return", "constant-first"])
+def test_an_item_compared_with_a_constant_is_a_tensor_test_that_where_predicates(cls, grad):
+    """`if x.sum().item() > 0:`, `if -0.5 >= h.mean().item():`: runtime.item_of keeps the
+    value a 0-dim tensor while tracing, as the constant is exact in float32: one graph,
+    outputs and input gradients as eager's on inputs taking every path."""
+    inputs = [S.item_inputs(seed=s) for s in (1, 2, 3)] + [-S.item_inputs().abs(), S.item_inputs().abs(), torch.zeros(4, S.WIDTH)]
+    backend = CountingBackend()
+    compiled = graphmend.compile(cls(), backend=backend, example_inputs=(inputs[0],))
+    for x in inputs:
+        a, b = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            expected, got = cls()(a), compiled(b)
+        assert bits_equal(expected, got)
+        if grad:
+            expected.sum().backward()
+            got.sum().backward()
+            assert bits_equal(a.grad, b.grad)
+    assert [(o.rule, o.status) for o in compiled.report.outcomes] == [("scalar", "applied")]
+    assert len(backend.graphs) == 1
+
+
+def test_an_item_compared_with_a_constant_not_exact_in_its_dtype_reads_the_value():
+    """0.1 is not exact in float32: item_of reads `.item()` while tracing, as the
+    original does (a break there: 3 graphs over these inputs, as torch.compile of the
+    original); exact in float64: a tensor test, one graph."""
+    for dtype, graphs in ((torch.float32, 3), (torch.float64, 1)):
+        inputs = [S.item_inputs(dtype, seed=s) for s in (1, 2, 3)]
+        report, count = compile_and_check(S.ItemTestInexact(), inputs)
+        assert count == graphs, dtype
+        torch._dynamo.reset()
+        graphmend.unmend()
 
 
 def test_capture_not_measured_when_scalar_rule_is_off():
@@ -686,6 +723,28 @@ GOLDEN = [
         """
         def f(h):
             if h.sum().item() > 0:  # <-
+                h = h * 2
+            return h
+        """,
+        rewritten="""
+        def f(h):
+            _gm_c0 = __graphmend_rt__.item_of(h.sum(), 0) > 0
+            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_t0 = h * 2
+                if __graphmend_rt__.same_meta(_gm_t0, h):
+                    h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)
+                elif _gm_c0:
+                    h = _gm_t0
+            elif _gm_c0:
+                h = h * 2
+            return h
+        """,
+    ),
+    golden.case(
+        "item-compared-with-a-value-in-control-flow",
+        """
+        def f(h):
+            if h.sum().item() > h.shape[0]:  # <-
                 h = h * 2
             return h
         """,

@@ -40,7 +40,7 @@ def mended(cls, *example):
 
 @pytest.mark.parametrize(
     "cls",
-    [G.IfRaise, G.IfNotRaise, G.UntypedOr, G.Asserts, G.TorchAssert, G.FormattedMessage],
+    [G.IfRaise, G.IfNotRaise, G.UntypedOr, G.Asserts, G.TorchAssert, G.FormattedMessage, G.ShapeMessage],
     ids=lambda c: c.__name__,
 )
 def test_same_exception_message_and_effects(cls):
@@ -58,6 +58,19 @@ def test_same_exception_message_and_effects(cls):
             assert torch.equal(eager.output, got.output)
     assert eager.exception is None and run(reference, bad).exception is not None
     assert len(backend.graphs) == 1
+
+
+def test_a_shape_in_the_message_is_read_only_from_a_tensor_that_has_the_dimension():
+    """`str(y.shape[0])` on every call would raise IndexError on a 0-dim `y` the check
+    passes; runtime.has_dims sends such a call to the original check, which does not
+    format the message."""
+    reference, compiled, backend = mended(G.ShapeMessage)
+    assert run(reference, BAD).exception == ("ValueError", "check failed at 2 of 2")
+    scalar = torch.tensor(0.5)
+    eager, got = run(reference, scalar), run(compiled, scalar)
+    assert eager.exception is None and got.exception is None
+    assert torch.equal(got.output, eager.output)
+    assert len(backend.graphs) == 2  # the 2-D example, then the 0-dim call (the original check)
 
 
 def test_effects_before_the_check_happen_and_after_do_not():
@@ -711,7 +724,7 @@ GOLDEN = [
             if __debug__:
                 _gm_c0 = torch.isfinite(x).all()
                 if __graphmend_rt__.trappable(_gm_c0):
-                    __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, ('check failed at ' + str(x.shape[0]),))
+                    __graphmend_rt__.trap(('golden_case', 2, 'f'), torch.logical_not(_gm_c0), AssertionError, (__graphmend_rt__.fstr('check failed at ', (x.shape[0], 's', None)),))
                 else:
                     torch._assert(_gm_c0, 'check failed at ' + str(x.shape[0]))
             else:

@@ -107,6 +107,19 @@ def test_an_early_return_predicates_the_rest_of_the_function(grad):
     assert len(backend.graphs) == 1
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("cls", [B.ReturnInOneBranch, B.ReturnInElifChain], ids=lambda c: c.__name__)
+def test_a_return_in_some_branches_predicates_the_rest_of_the_function_for_the_others(cls, grad):
+    """The branches that do not return are followed by the rest of the function (a print
+    in it happens only on their path): one graph, outputs, gradients and printed text as
+    the original's on inputs taking every path."""
+    # Under grad the print's text names autograd (grad_fn=...): it is printed at once, a break.
+    graphs = 2 if grad and cls is B.ReturnInOneBranch else 1
+    report = _same_as_original(cls, [(P,), (N,), (P * 0.01,), (N * 0.01,)], grad=grad, graphs=graphs)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert dc.status == "applied", dc
+
+
 def test_an_early_return_inside_a_loop_is_declined():
     model = B.EarlyReturnInLoop()
     report = graphmend.mend(model, N)
@@ -438,10 +451,17 @@ def test_a_python_operand_of_and_is_decided_while_tracing():
     assert report.before.graphs == 2 and report.after.graphs == 1
 
 
-NESTED_INPUTS = [(P,), (P * 3,), (N,), (torch.tensor([[4.0, -2.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),)]
+NESTED_INPUTS = [
+    (P,), (P * 3,), (N,), (P * 0.1,),
+    (torch.tensor([[4.0, -2.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),),
+    (torch.tensor([[2.0, -1.5, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]]),),
+]
 
 
-@pytest.mark.parametrize("cls", [B.NestedIf, B.NestedIfWithPrint, B.PrintOnlyBranch], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [B.NestedIf, B.NestedIfWithPrint, B.PrintOnlyBranch, B.NestedElif, B.NestedOnePathTemp,
+            B.NestedPriorValue, B.StaticNestedIf, B.StaticNestedIfNoBias], ids=lambda c: c.__name__
+)
 def test_nested_ifs_and_effect_only_branches_are_one_graph_on_every_path(cls):
     """A nested if is computed and selected with torch.where inside its branch, a
     print in a branch happens only when the branch would have run: outputs and
@@ -449,6 +469,26 @@ def test_nested_ifs_and_effect_only_branches_are_one_graph_on_every_path(cls):
     report = _same_as_original(cls, NESTED_INPUTS)
     dc = [o for o in report.outcomes if o.category == "DC"]
     assert dc and all(o.status == "applied" for o in dc), report.outcomes
+
+
+def test_a_check_in_a_branch_whose_message_reduces_a_branch_value_is_guarded_and_exact():
+    """`h.min()` of the branch's `h * 2` is evaluated on every call: an empty `h` (the
+    branch not taken) is sent to the original by runtime.nonempty(h), which covers the
+    branch's value of as many elements."""
+    raising = torch.tensor([[3.0, -1.5, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    inputs = [P, N, raising, torch.empty(0, 4), P]
+    expected = [run(B.CheckOfBranchValue(), x) for x in inputs]
+    assert expected[2].exception == ("AssertionError", "bad values: -3.0")
+    backend = CountingBackend()
+    compiled = graphmend.compile(B.CheckOfBranchValue(), backend=backend, example_inputs=(P,))
+    assert [(o.category, o.status) for o in compiled.report.outcomes] == [("DC", "applied"), ("VG", "applied")]
+    counts = []
+    for x, eager in zip(inputs, expected):
+        got = run(compiled, x)
+        assert got.exception == eager.exception and got.effects() == eager.effects()
+        assert eager.exception is not None or bits_equal(got.output, eager.output)
+        counts.append(len(backend.graphs))
+    assert counts == [1, 1, 1, 3, 3]  # the empty input: the original statements, cut at the `if`
 
 
 def test_a_name_one_branch_assigns_and_no_path_reads_later_is_a_temporary():
@@ -480,7 +520,7 @@ def test_a_value_updated_in_place_after_the_if_is_declined_and_the_callers_tenso
     report = graphmend.mend(model, P.clone())
     (dc,) = report.outcomes
     assert dc.status == "declined"
-    assert dc.reason.startswith("`h` is updated in place after the if (line 458)"), dc.reason
+    assert dc.reason.startswith(f"`h` is updated in place after the if (line {dc.line + 2})"), dc.reason
     x = P.clone()
     with torch.no_grad():
         model(x)
@@ -530,6 +570,7 @@ DECLINES = [
     (B.OnePathOnly, "assigned on one path only and read after"),
     (B.InPlace, "mutates its receiver"),
     (B.TensorOrFlag, "a static operand after a tensor operand would change evaluation order"),
+    (B.NestedOnePathLive, "`lim` is assigned on some paths of a nested if only and read after the if"),
 ]
 
 

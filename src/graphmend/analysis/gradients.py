@@ -157,12 +157,61 @@ def _call_reach(call: ast.Call, env: dict[str, Reach], is_function: Callable[[st
     return out if known and not isinstance(func, ast.Name) else Reach.unknown(out)
 
 
+def prior_reach(
+    body: list[ast.stmt], stmt: ast.stmt, assignments: dict[str, list[ast.AST]], is_function: Callable[[str], bool]
+) -> dict[str, Reach]:
+    """What each name assigned once in the function, by a statement of ``body``
+    (the function's top level) before ``stmt`` there, reaches through that
+    assignment (``s = h.mean()``: what ``h`` reaches), when no name it reads is
+    assigned again before ``stmt``; parameters, attributes of ``self`` and other
+    names stay roots. A branch that reads ``s`` and one that reads ``h`` then
+    reach the same tensors."""
+    index = next((i for i, node in enumerate(body) if node is stmt), None)
+    out: dict[str, Reach] = {}
+    if index is None:
+        return out
+    where = {}
+    for i, node in enumerate(body[:index]):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            where[node.targets[0].id] = i
+
+    def stored(nodes: list[ast.stmt]) -> set[str]:
+        """Names assigned, or changed in place (``n[i] = v``, ``n.add_(v)``), in ``nodes``."""
+        out: set[str] = set()
+        for node in (n for s in nodes for n in ast.walk(s)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
+            elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+                out.add(root_of(node.value) or "")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_"):
+                out.add(root_of(node.func.value) or "")
+        return out
+
+    def of(name: str, depth: int) -> Reach:
+        root = Reach(frozenset({name}), frozenset({name}))
+        if name in out:
+            return out[name]
+        if depth > 8 or name not in where or len(assignments.get(name, [])) != 1:
+            return root
+        value = body[where[name]].value  # type: ignore[attr-defined]
+        reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and not is_function(n.id)}
+        if (reads | {name}) & stored(body[where[name] + 1 : index]):  # it, or a name it read, changed before stmt
+            return root
+        out[name] = reach(value, {n: of(n, depth + 1) for n in reads}, is_function)
+        return out[name]
+
+    for name in sorted(where):
+        of(name, 0)
+    return out
+
+
 def block_reach(
-    assignments: list[tuple[str, ast.expr]], is_function: Callable[[str], bool]
+    assignments: list[tuple[str, ast.expr]], is_function: Callable[[str], bool], prior: dict[str, Reach] | None = None
 ) -> tuple[dict[str, Reach], frozenset[str]]:
     """For a branch's ``(target, value)`` assignments in order: what each target
-    reaches at the end, and every root the branch reads (``maybe``)."""
-    env: dict[str, Reach] = {}
+    reaches at the end, and every root the branch reads (``maybe``). ``prior``:
+    what names bound before it reach (``prior_reach``; else each is a root)."""
+    env: dict[str, Reach] = dict(prior or {})
     reads: frozenset[str] = frozenset()
     for target, value in assignments:
         found = reach(value, env, is_function)

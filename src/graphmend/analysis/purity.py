@@ -97,12 +97,14 @@ class Emptiness:
     """What a reduction on the path not taken may meet: ``nonempty``, names
     whose tensors hold an element there (``nonempty_names`` of a test evaluated
     before, not bound since); ``guardable``, names a guard evaluated before the
-    speculated code can test (``runtime.nonempty``); ``needed``, the names of
-    ``guardable`` the expressions reduce, to guard."""
+    speculated code can test (``runtime.nonempty``, ``runtime.has_dims``);
+    ``needed``, the names of ``guardable`` the expressions reduce, to guard;
+    ``dims``, how many dimensions they index (``x.shape[1]``: 2), to guard."""
 
     nonempty: frozenset[str] = frozenset()
     guardable: frozenset[str] = frozenset()
     needed: set[str] = field(default_factory=set)
+    dims: dict[str, int] = field(default_factory=dict)
 
     def allows(self, name: str | None) -> bool:
         if name in self.nonempty:
@@ -111,6 +113,13 @@ class Emptiness:
             self.needed.add(name)
             return True
         return False
+
+    def allows_dims(self, name: str, count: int) -> bool:
+        """Whether ``name``'s tensor may be indexed as if it had ``count`` dimensions (guarded)."""
+        if name not in self.guardable:
+            return False
+        self.dims[name] = max(self.dims.get(name, 0), count)
+        return True
 
 
 def speculation_blockers(
@@ -176,7 +185,8 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
         return
     if isinstance(node, ast.Subscript):
         _spec(node.value, facts, bound, out, empty)
-        if not is_safe_index(node.slice):
+        shape = _shape_index(node)
+        if not is_safe_index(node.slice) and not (shape and empty.allows_dims(*shape)):
             out.append("indexing can go out of range on the path not taken")
         return
     if isinstance(node, ast.Call):
@@ -191,6 +201,15 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
             and node.func.attr in ("equal",)
         ):
             return  # the runtime's pure, total torch.equal
+        if (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "__graphmend_rt__"
+            and node.func.attr == "item_of"
+            and node.args
+            and _one_element(node.args[0])
+        ):
+            return  # `.item()` of a whole reduction ([Scalar]'s tensor test, its arguments checked above): one element
         fn = is_torch_attr(node.func, facts)
         if fn is not None:
             if fn not in PURE_TORCH_FUNCTIONS:
@@ -214,6 +233,35 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
     out.append(f"`{type(node).__name__}` expressions are not speculated")
 
 
+_WHOLE_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "any", "all", "norm", "prod"})
+
+
+def _one_element(node: ast.expr) -> bool:
+    """``x.sum()``, ``x.abs().amax()``...: a reduction of the whole tensor (no arguments), one element."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _WHOLE_REDUCTIONS
+        and not node.args
+        and not node.keywords
+    )
+
+
+def _shape_index(node: ast.Subscript) -> tuple[str, int] | None:
+    """``("x", 2)`` for ``x.shape[1]`` or ``x.shape[-2]``: the name and how many
+    dimensions its tensor needs for the index to be in range; else None."""
+    index = node.slice
+    sign = 1
+    if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub):
+        index, sign = index.operand, -1
+    if not (isinstance(index, ast.Constant) and type(index.value) is int):
+        return None
+    value = node.value
+    if not (isinstance(value, ast.Attribute) and value.attr == "shape" and isinstance(value.value, ast.Name)):
+        return None
+    return value.value.id, (index.value + 1 if sign > 0 else index.value)
+
+
 def _raises_on_empty(
     name: str, receiver: list[ast.expr], rest: list[ast.expr], facts: FunctionFacts, empty: Emptiness
 ) -> bool:
@@ -224,7 +272,7 @@ def _raises_on_empty(
     two tensors (elementwise)."""
     if name in ("max", "min") and rest and is_tensor_expr(rest[0], facts):
         return False
-    return name in RAISE_ON_EMPTY and not (receiver and empty.allows(_same_numel_name(receiver[0])))
+    return name in RAISE_ON_EMPTY and not (receiver and empty.allows(same_numel_name(receiver[0])))
 
 
 def empty_reduction(call: ast.Call, facts: FunctionFacts, empty: Emptiness) -> bool:
@@ -246,18 +294,30 @@ _SAME_NUMEL = frozenset(
 )
 
 
-def _same_numel_name(node: ast.expr) -> str | None:
-    """``h`` for ``h``, ``h.abs()``, ``h.float().clamp(0, 1)``...: the name whose
-    element count ``node`` has, or None."""
-    while (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in _SAME_NUMEL
-        and all(isinstance(a, ast.Constant) or (isinstance(a, ast.UnaryOp) and isinstance(a.operand, ast.Constant))
-                for a in [*node.args, *(k.value for k in node.keywords)])
-    ):
-        node = node.func.value
-    return node.id if isinstance(node, ast.Name) else None
+def same_numel_name(node: ast.expr) -> str | None:
+    """``h`` for ``h``, ``h.abs()``, ``h.float().clamp(0, 1)``, ``-h * 2``...:
+    the name whose element count ``node`` has, or None."""
+    while True:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            node = node.operand
+        elif isinstance(node, ast.BinOp) and _is_number(node.right) and not isinstance(node.op, ast.MatMult):
+            node = node.left
+        elif isinstance(node, ast.BinOp) and _is_number(node.left) and not isinstance(node.op, ast.MatMult):
+            node = node.right
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _SAME_NUMEL
+            and all(_is_number(a) for a in [*node.args, *(k.value for k in node.keywords)])
+        ):
+            node = node.func.value
+        else:
+            return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_number(node: ast.expr) -> bool:
+    """A constant (``2``, ``-1.5``, ``None``)."""
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
 
 
 def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:
@@ -285,7 +345,7 @@ def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:
                 receiver = node.func.value
             else:
                 receiver = None
-            name = _same_numel_name(receiver) if receiver is not None else None
+            name = same_numel_name(receiver) if receiver is not None else None
             if name is not None:
                 found.add(name)
         for child in ast.iter_child_nodes(node):

@@ -216,6 +216,8 @@ def _span(fdef: ast.AST, line: int) -> tuple[int, int]:
     if found is None:
         return (0, -1)
     stmt = found[0][found[1]]
+    if found[0] is fdef.body and isinstance(stmt, ast.If) and any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+        return stmt.lineno, fdef.end_lineno or stmt.lineno  # a return in it: the rest of the function is on its paths
     return stmt.lineno, stmt.end_lineno or stmt.lineno
 
 

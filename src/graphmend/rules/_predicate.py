@@ -10,6 +10,7 @@ as written. Either way every operand is evaluated: the rules check that with
 from __future__ import annotations
 
 import ast
+import copy
 
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
 from graphmend.analysis.purity import Emptiness, speculation_blockers
@@ -99,12 +100,18 @@ def lower(node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr
     return node
 
 
-def guard_nonempty(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) -> None:
-    """Append ``runtime.nonempty(name)`` to ``guards`` for each tensor the
-    speculated code reduces only when it holds an element (``empty.needed``):
-    an empty one takes the original branch instead."""
-    for name in sorted(empty.needed):
-        guard = ast.Call(func=ctx.runtime("nonempty"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
+def add_guards(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) -> None:
+    """Append to ``guards`` ``runtime.nonempty(name)`` for each tensor the
+    speculated code reduces only when it holds an element (``empty.needed``),
+    and ``runtime.has_dims(name, n)`` for each it indexes the shape of
+    (``empty.dims``): an empty tensor, or one with fewer dimensions, takes the
+    original statement instead."""
+    found = [ast.Call(func=ctx.runtime("nonempty"), args=[ast.Name(id=n, ctx=ast.Load())], keywords=[]) for n in sorted(empty.needed)]
+    found += [
+        ast.Call(func=ctx.runtime("has_dims"), args=[ast.Name(id=n, ctx=ast.Load()), ast.Constant(count)], keywords=[])
+        for n, count in sorted(empty.dims.items())
+    ]
+    for guard in found:
         if not any(ast.dump(g) == ast.dump(guard) for g in guards):
             guards.append(guard)
 
@@ -127,3 +134,28 @@ def deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str], emp
     if isinstance(node, ast.Tuple):
         return [r for e in node.elts for r in deferred_blockers(e, facts, bound, empty)]
     return speculation_blockers(node, facts, bound, empty)
+
+
+_ITEM_TESTS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+
+
+def item_test(test: ast.expr, ctx: RewriteContext) -> ast.expr | None:
+    """``runtime.item_of(t, c) > c`` for ``t.item() > c`` (a numeric constant ``c``,
+    either side, one comparison): ``item_of`` keeps ``t`` a 0-dim tensor while
+    tracing where comparing in its dtype is exact, so the ``if`` is a tensor
+    test; else it is ``t.item()``, as written."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], _ITEM_TESTS)):
+        return None
+    left, right = test.left, test.comparators[0]
+    for item, other in ((left, right), (right, left)):
+        constant = other.operand if isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub) else other
+        if _is_item_call(item) and isinstance(constant, ast.Constant) and type(constant.value) in (int, float):
+            call = ast.Call(func=ctx.runtime("item_of"), args=[copy.deepcopy(item.func.value), copy.deepcopy(other)], keywords=[])  # type: ignore[attr-defined]
+            sides = [call, copy.deepcopy(other)] if item is left else [copy.deepcopy(other), call]
+            out = ast.Compare(left=sides[0], ops=[copy.deepcopy(test.ops[0])], comparators=[sides[1]])
+            return ast.fix_missing_locations(ast.copy_location(out, test))
+    return None
+
+
+def _is_item_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "item" and not node.args and not node.keywords

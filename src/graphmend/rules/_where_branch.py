@@ -5,11 +5,12 @@ temporaries, in order, whether or not the branch is taken. Part of the
 A branch may hold single-target assignments (to names or ``self.<attr>``),
 the calls [Defer] and [Trap] wrote (performed or raised only when the branch
 would have run: ``when=`` / ``runtime.gate``), one in-place update as its
-last statement, and nested ``if``/``else`` statements of the same kinds.
+last statement, and nested ``if``/``elif``/``else`` statements of the same
+kinds.
 
-A nested ``if``'s test is computed like any value (it must be safe to
-evaluate where the original would not have), both its branches too, and
-each name they assign selected with ``torch.where``. Whether that test is a
+A nested ``if``'s tests are computed like any value (they must be safe to
+evaluate where the original would not have), all its branches too, and
+each name they assign selected with (nested) ``torch.where``. Whether that test is a
 0-dim bool tensor, and whether the two values have the same shape, dtype and
 device, is known only once they are computed: the rest of the computation
 then sits inside ``if runtime.predicable(c) and runtime.same_meta(a, b):``,
@@ -29,7 +30,7 @@ import copy
 from dataclasses import dataclass, field
 
 from graphmend.analysis.facts import FunctionFacts
-from graphmend.analysis.purity import Emptiness, speculation_blockers
+from graphmend.analysis.purity import Emptiness, same_numel_name, speculation_blockers
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
@@ -40,10 +41,11 @@ from graphmend.rules._ast import (
     store_name,
 )
 from graphmend.rules._predicate import (
+    add_guards,
     deferred_blockers,
-    guard_nonempty,
     has_boolops,
     is_static_test,
+    item_test,
     lower,
 )
 
@@ -69,20 +71,23 @@ def fill_fallback(body: list[ast.stmt], original: ast.stmt) -> None:
 
 
 def as_written(block: list[ast.stmt], ctx: RewriteContext) -> list[ast.stmt]:
-    """``block`` with each ``if`` an earlier [Where] site of this pass rewrote read as written."""
+    """``block`` with each ``if`` an earlier [Where] site of this pass rewrote read as
+    written ([Scalar]'s ``if t.item() > c:`` as the tensor test [Where] predicated)."""
     out: list[ast.stmt] = []
     index = 0
     while index < len(block):
         node = block[index]
         found = ctx.replaced.get(id(node))
-        if found is None or ctx.replaced_by.get(id(node)) != "where":
+        by = ctx.replaced_by.get(id(node))
+        if found is None or by not in ("where", "scalar") or not isinstance(found[1], ast.If):
             out.append(node)
             index += 1
             continue
         original = found[1]
         while index < len(block) and (ctx.replaced.get(id(block[index])) or (None, None))[1] is original:
             index += 1
-        out.append(original)
+        test = item_test(original.test, ctx) if by == "scalar" else None
+        out.append(original if test is None else ast.copy_location(ast.If(test=test, body=original.body, orelse=original.orelse), original))
     return out
 
 
@@ -124,6 +129,12 @@ class Speculation:
     # places them after every check that can fall back to the original statements
     # (which would perform them again).
     pending: list[ast.stmt] = field(default_factory=list)
+    # A temporary holding a value with as many elements as the name's value before the
+    # if (``h * 2``): a guard on that name (runtime.nonempty) covers it too.
+    roots: dict[str, str] = field(default_factory=dict)
+    # Names a nested if binds on some of its paths only: no value after it (the caller
+    # declines when one is read after the site).
+    dropped: set[str] = field(default_factory=set)
 
     def branch(
         self,
@@ -179,6 +190,10 @@ class Speculation:
                 raise Decline(f"assignment to `{ast.unparse(node.targets[0])}` (only names and self.<attr> are predicated)")
             value = self._value(computed, env, known, gates, f"`{ast.unparse(node)}`")
             temp = self.ctx.fresh(side)
+            root = same_numel_name(computed)
+            root = self.roots.get(env[root]) if root in env else root if root in self.bound else None
+            if root is not None:
+                self.roots[temp] = root
             self.out.append(assign_to(store_name(temp), value))
             env[key] = temp
             known.add(key)
@@ -188,19 +203,24 @@ class Speculation:
         self, computed: ast.expr, env: dict[str, str], known: set[str], gates: dict[str, str] | None, what: str
     ) -> ast.expr:
         """``computed`` as evaluated on every call: proven safe, on the branch's values so far."""
-        guardable = frozenset(self.bound) - set(env) if self.guards is not None else frozenset()
-        empty = Emptiness(self.nonempty - set(env), guardable)
+        empty = self._emptiness(env) if self.guards is not None else Emptiness(self.nonempty - set(env))
         for reason in speculation_blockers(computed, self.facts, known | set(env), empty):
             raise Decline(f"{what}: {reason}")
         if self.guards is not None:
-            guard_nonempty(empty, self.ctx, self.guards)
+            add_guards(empty, self.ctx, self.guards)
         return Substitute({**(gates or {}), **env}).visit(copy.deepcopy(computed))
 
+    def _emptiness(self, env: dict[str, str]) -> Emptiness:
+        """What the branch's values so far may be guarded by: a name bound before the
+        if and not assigned since, or assigned a value of as many elements."""
+        same = {key for key, temp in env.items() if self.roots.get(temp) == key}
+        return Emptiness((self.nonempty - set(env)) | (self.nonempty & same), (frozenset(self.bound) - set(env)) | same)
+
     def _effect(self, node: ast.stmt, effect: ast.expr, env: dict[str, str], known: set[str], taken: ast.expr) -> None:
-        empty = Emptiness(self.nonempty - set(env), frozenset(self.bound) - set(env))
+        empty = self._emptiness(env)
         for reason in deferred_blockers(effect, self.facts, known | set(env), empty):
             raise Decline(f"`{ast.unparse(node)}` in the branch: {reason}")
-        guard_nonempty(empty, self.ctx, self.guards)  # type: ignore[arg-type]
+        add_guards(empty, self.ctx, self.guards)  # type: ignore[arg-type]
         call = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]  # the values, not gated copies
         call.keywords.append(ast.keyword(arg="when", value=copy.deepcopy(taken)))
         self.pending.append(ast.Expr(value=call))
@@ -212,46 +232,85 @@ class Speculation:
             self.ctx.notes.append(note)
 
     def _nested(self, node: ast.If, env: dict[str, str], known: set[str], side: str, taken: ast.expr | None) -> None:
-        """``if t: A else: B`` inside a branch: ``t``, ``A`` and ``B`` computed, each name
-        they assign selected; the rest of the computation inside the check that the
-        select is exact (``predicable``, ``same_meta``), else the original statement."""
+        """``if t0: A elif t1: B ... else: E`` inside a branch: every test and branch
+        computed, each name they assign selected (nested ``torch.where``); the rest of
+        the computation inside the check that the select is exact (``predicable``,
+        ``same_meta``), else the original statement. A name one path assigns and no
+        other binds is dropped (the caller declines if it is read after the site)."""
         ctx = self.ctx
-        code = ast.unparse(node.test)
-        inner = ctx.original_of(node.orelse) if node.orelse else None
-        if isinstance(inner, ast.If) and select.trapped_check(inner) is None:
-            raise Decline(f"a nested if/elif chain (`if {code}`) inside a branch")
-        if not has_boolops(node.test) and is_static_test(node.test, self.facts):
-            raise Decline(f"a nested if on `{code}`, which is not a tensor test")
-        self._value(node.test, env, known, None, f"the nested test `{code}`")  # safe on every call
-        test = Substitute(env).visit(lower(copy.deepcopy(node.test), self.facts, ctx))
-        cond = ctx.fresh("c")
-        self.out.append(assign_to(store_name(cond), test))
+        arms = select.arms(node, ctx)
+        conds: list[str] = []
+        if len(arms) == 2 and not has_boolops(node.test) and is_static_test(node.test, self.facts):
+            self._static(node, env, known, side)
+            return
+        for test, _ in arms:
+            if test is None:
+                break
+            code = ast.unparse(test)
+            if not has_boolops(test) and is_static_test(test, self.facts):
+                raise Decline(f"a nested if on `{code}`, which is not a tensor test, after a tensor test")
+            self._value(test, env, known, None, f"the nested test `{code}`")  # safe on every call
+            cond = ctx.fresh("c")
+            self.out.append(assign_to(store_name(cond), Substitute(env).visit(lower(copy.deepcopy(test), self.facts, ctx))))
+            conds.append(cond)
         self.nested += 1
-        arms = [(cond, node.body), (None, node.orelse)]
         envs = []
         for index, (_, block) in enumerate(arms):
-            when = select.taken([cond], index, ctx)
+            when = select.taken(conds, index, ctx)
             if taken is not None:
                 when = ast.Call(func=ctx.torch("logical_and"), args=[copy.deepcopy(taken), when], keywords=[])
             envs.append(self.branch(block, side, when, env=dict(env), last=False))
-        checks: list[ast.expr] = [ast.Call(func=ctx.runtime("predicable"), args=[load_name(cond)], keywords=[])]
+        checks: list[ast.expr] = [ast.Call(func=ctx.runtime("predicable"), args=[load_name(c)], keywords=[]) for c in conds]
         merged: list[ast.stmt] = []
         for target in dict.fromkeys(t for e in envs for t in e):
             values = [e.get(target, env.get(target, target if target in known or target.startswith("self.") else "")) for e in envs]
             if "" in values:
-                raise Decline(f"`{target}` is assigned on one path of a nested if only")
-            if values[0] == values[1]:
+                self.dropped.add(target)  # bound on some paths only: read later, it is unbound here
+                continue
+            if all(v == values[0] for v in values):
                 continue
             refs = [select.ref(v) for v in values]
-            checks.append(ast.Call(func=ctx.runtime("same_meta"), args=copy.deepcopy(refs), keywords=[]))
+            checks += [ast.Call(func=ctx.runtime("same_meta"), args=[copy.deepcopy(refs[0]), copy.deepcopy(r)], keywords=[]) for r in refs[1:]]
             temp = ctx.fresh(side)
-            merged.append(assign_to(store_name(temp), ast.Call(func=ctx.torch("where"), args=[load_name(cond), *refs], keywords=[])))
+            merged.append(assign_to(store_name(temp), select.selected(conds, refs, ctx, grad=False)))
             env[target] = temp
             known.add(target)
         rest: list[ast.stmt] = [*merged]
         self.out.append(ast.If(test=ast.BoolOp(op=ast.And(), values=checks), body=rest, orelse=[fallback_marker()]))
         self.out = rest
         self._note("a nested if is selected with torch.where too")
+
+    def _static(self, node: ast.If, env: dict[str, str], known: set[str], side: str) -> None:
+        """``if <static test>: A else: B`` inside a branch (``self.bias is not None``):
+        a Python ``if`` Dynamo decides while tracing, each side computed inside it
+        and every name they assign brought to one temporary on both sides. Its
+        sides may hold assignments only."""
+        code = ast.unparse(node.test)
+        self._value(node.test, env, known, None, f"the nested test `{code}`")  # safe on every call
+        test = Substitute(env).visit(copy.deepcopy(node.test))
+        sides: list[list[ast.stmt]] = []
+        envs = []
+        outer = self.out
+        for block in (node.body, node.orelse):
+            if has_nested_if(block, self.ctx):
+                raise Decline(f"a nested if inside the static nested if on `{code}`")
+            self.out = []
+            envs.append(self.branch(block, side, None, env=dict(env), last=False))  # effects decline (no `taken`)
+            sides.append(self.out)
+        self.out = outer
+        for target in dict.fromkeys(t for e in envs for t in e):
+            values = [e.get(target, env.get(target, target if target in known or target.startswith("self.") else "")) for e in envs]
+            if "" in values:
+                self.dropped.add(target)
+                continue
+            temp = self.ctx.fresh(side)
+            for out, value in zip(sides, values):
+                out.append(assign_to(store_name(temp), select.ref(value)))
+            env[target] = temp
+            known.add(target)
+        self.out.append(ast.If(test=test, body=sides[0] or [ast.Pass()], orelse=sides[1]))
+        self.nested += 1
+        self._note("a nested if on a static test stays a Python if, decided while tracing")
 
     def _regate(self, trapped: tuple[str, ast.Call], taken: ast.expr, env: dict[str, str], known: set[str]) -> ast.stmt:
         """A check [Trap] already rewrote inside this branch: it may only fire
@@ -261,8 +320,10 @@ class Speculation:
         if flag_name not in env:
             raise Decline("a trapped check whose flag is not computed in the same branch")
         site, flag, exc, args = call.args
-        for reason in deferred_blockers(args, self.facts, known | set(env)):
+        empty = self._emptiness(env)
+        for reason in deferred_blockers(args, self.facts, known | set(env), empty):
             raise Decline(f"the message of a check in the branch: {reason}")
+        add_guards(empty, ctx, self.guards)  # type: ignore[arg-type]
         flag = Substitute(env).visit(copy.deepcopy(flag))
         ctx.notes.append("a validation check inside the branch fires only when its branch would have run")
         regated = ast.Call(

@@ -16,7 +16,7 @@ from graphmend.analysis.purity import (
 )
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import assign_to, load_name, store_name
-from graphmend.rules._predicate import guard_nonempty
+from graphmend.rules._predicate import add_guards
 
 
 class TrailingCallForm:
@@ -86,7 +86,7 @@ class TrailingCallForm:
                 empty = Emptiness(self._nonempty(stmt, facts) - set(written), frozenset(bound) - set(written))
                 for reason in speculation_blockers(value, facts, known, empty):
                     raise Decline(f"`{ast.unparse(value)}`: {reason}")
-                guard_nonempty(empty, ctx, guards)
+                add_guards(empty, ctx, guards)
             ta, tb = ctx.fresh("t"), ctx.fresh("f")
             body.append(assign_to(store_name(ta), copy.deepcopy(a)))
             body.append(assign_to(store_name(tb), copy.deepcopy(b)))

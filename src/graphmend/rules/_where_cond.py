@@ -18,7 +18,7 @@ from graphmend.rules._ast import (
     load_name,
     store_name,
 )
-from graphmend.rules._predicate import guard_nonempty
+from graphmend.rules._predicate import add_guards
 
 
 class CondForm:
@@ -75,7 +75,7 @@ class CondForm:
                             f"`{ast.unparse(call)}` raises on an empty tensor, and torch.cond traces the branch "
                             "not taken on the shapes of the call"
                         )
-                    guard_nonempty(empty, ctx, guards)
+                    add_guards(empty, ctx, guards)
                     guard = self._pure_callee(call, facts, ctx)
                     if guard is not None:
                         guards.append(guard)

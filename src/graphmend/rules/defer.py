@@ -25,8 +25,8 @@ its arguments, tensors snapshotted with ``detach().clone()`` at the call, and
 the effect is performed after the compiled call, in the original order, with
 the original file and line on warnings and log records. A message whose
 formatting needs host values (``.item()``, ``.tolist()``, ``int()``,
-``float()`` in an f-string, ``%`` or ``.format``) is formatted after the
-call too, so the conversion leaves the graph. Outside a region the call
+``float()`` in an f-string, ``%``, ``.format`` or ``"..." + str(x)``) is
+formatted after the call too, so the conversion leaves the graph. Outside a region the call
 happens at once, as before. A disabled logger level records nothing.
 
 Every other print / warn / logger statement of the same function is deferred
@@ -276,6 +276,9 @@ class Defer(Rule):
                     ast.Tuple(elts=[self._lazy(value.value, ctx), conversion, spec], ctx=ast.Load())
                 )
             return ast.copy_location(ast.Call(func=ctx.runtime("fstr"), args=parts, keywords=[]), node)
+        concatenated = self._concat(node, ctx)
+        if concatenated is not None and isinstance(node, ast.BinOp):  # "at " + str(h.shape[0])
+            return ast.copy_location(ast.Call(func=ctx.runtime("fstr"), args=concatenated, keywords=[]), node)
         if (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, ast.Mod)
@@ -308,6 +311,31 @@ class Defer(Rule):
                 ast.Call(func=ctx.runtime("fmt"), args=[node.func.value, args, kwargs], keywords=[]), node
             )
         return self._lazy(node, ctx)
+
+    def _concat(self, node: ast.expr, ctx: RewriteContext) -> list[ast.expr] | None:
+        """The parts ``fstr`` takes for a string built with ``+`` from literals,
+        f-strings and ``str(x)`` (``(x, "s", None)``, formatted at flush); None for
+        anything else (an operand not provably a str keeps ``+`` as written)."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = self._concat(node.left, ctx), self._concat(node.right, ctx)
+            return None if left is None or right is None else left + right
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node]
+        if isinstance(node, ast.JoinedStr):
+            if not any(isinstance(v, ast.FormattedValue) for v in node.values):
+                return [node]
+            return self._defer_format(node, ctx).args  # type: ignore[attr-defined]  # fstr(...)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "str"
+            and len(node.args) == 1
+            and not node.keywords
+            and not isinstance(node.args[0], ast.Starred)
+            and ctx.resolves_to("str", str)
+        ):
+            return [ast.Tuple(elts=[self._lazy(node.args[0], ctx), ast.Constant("s"), ast.Constant(None)], ctx=ast.Load())]
+        return None
 
     def _lazy(self, node: ast.expr, ctx: RewriteContext) -> ast.expr:
         """``t.item()`` -> lazy("item", t); ``int(t)`` -> lazy("int", t); else unchanged."""

@@ -94,6 +94,8 @@ from graphmend.analysis.facts import (
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
 from graphmend.rules._full_loop import FullLoop, index_list
+from graphmend.rules._predicate import item_test
+from graphmend.rules.where import Where
 
 _ITEM_OPS = (ast.Mult, ast.Add, ast.Sub)
 @register
@@ -118,6 +120,8 @@ class Scalar(Rule):
             return FullLoop(stmt, ctx).rewrite()
         if isinstance(stmt, ast.Assign) and _host_read(stmt.value, ctx) is not None:
             return _TensorTests(stmt, ctx).rewrite()
+        if isinstance(stmt, ast.If) and item_test(stmt.test, ctx) is not None:
+            return _predicated_item_test(stmt, ctx)
         items = _ItemOperands(ctx).find(stmt)
         if items:
             return items
@@ -219,6 +223,24 @@ class _TensorTests:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
             return self.ctx.resolves_to("len", len)
         return False
+
+
+# --------------------------------------------------------------------------
+# if t.item() > 0:
+
+
+def _predicated_item_test(stmt: ast.If, ctx: RewriteContext) -> list[ast.stmt]:
+    """``if t.item() > 0:`` predicated by [Where] on the tensor test ``item_test`` makes."""
+    original = stmt.test
+    stmt.test = item_test(original, ctx)  # type: ignore[assignment]  # Where reads the statement in place
+    try:
+        out = Where().rewrite(stmt, ctx)
+    except Decline as exc:
+        raise Decline(f"`{ast.unparse(original)}` as a tensor test (runtime.item_of), [Where]: {exc.reason}") from None
+    finally:
+        stmt.test = original
+    ctx.notes.insert(0, "the .item() comparison is a tensor test where exact (runtime.item_of), predicated by [Where]")
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -40,8 +40,9 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
 - a message argument could raise or act when evaluated on every call (a
   reduction with no identity element, ``x.min()``, raises on an empty tensor:
   guarded instead by ``runtime.nonempty(x)``, which sends an empty ``x`` to the
-  original check). Not for ``torch._assert``, whose arguments the original
-  evaluates on every call too;
+  original check; ``x.shape[1]`` likewise by ``runtime.has_dims(x, 2)``). Not
+  for ``torch._assert``, whose arguments the original evaluates on every call
+  too;
 - state changes follow the check in the forward (stores to attributes,
   in-place ops, cache updates, modules whose code does either): the original
   would have stopped before them, the compiled graph would not. A print to
@@ -65,8 +66,8 @@ from graphmend.analysis.facts import FunctionFacts, bound_before
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import (
+    add_guards,
     deferred_blockers,
-    guard_nonempty,
     has_boolops,
     lower,
     needs_runtime,
@@ -126,7 +127,7 @@ class Trap(Rule):
             keywords=[],
         )
         guards: list[ast.expr] = []
-        guard_nonempty(empty, ctx, guards)  # an empty tensor the message reduces: the original check
+        add_guards(empty, ctx, guards)  # an empty tensor the message reduces: the original check
         check: ast.expr = ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
         if guards:
             check = ast.BoolOp(op=ast.And(), values=[check, *guards])

@@ -8,14 +8,16 @@ A Python ``if`` whose test is a tensor:
 * an early return, ``if c: return a`` at the top level of the function,
   followed by assignments and ``return b``: the rest of the function is
   computed too and one value selected (the original rest stays after it, for
-  calls the guards send to the original);
+  calls the guards send to the original); likewise when some branches of an
+  ``if/else`` or ``elif`` chain return and the others do not: those continue
+  with the rest of the function (its prints performed only on their path);
 * ``if/elif/.../else`` chains of any length of either kind, as nested
   selects: every test is evaluated up front (so a test after the first must
   be safe to evaluate on every call) and every branch computed;
 * an update without ``else``: ``if c: h = f(h)``, including several
   statements, body-local temporaries (a name no later path reads before
   assigning it), and ``self.<attr> = ...`` stores;
-* inside a branch: a nested ``if``/``else`` of the same kinds (selected with
+* inside a branch: a nested ``if``/``elif``/``else`` of the same kinds (selected with
   ``torch.where`` too, ``_where_branch.py``), prints, logs and warnings
   [Defer] rewrote and checks [Trap] rewrote (performed or raised only when
   their branch would have run), also as a branch's only statements;
@@ -90,8 +92,8 @@ a branch would lose a later ``self.count += 1``).
   input) may share;
 - an operand of ``and``/``or`` that is not provably a tensor after a static
   one that may guard it (``x is not None and x.sum() > 0`` in a test that
-  is not split); a nested ``if`` with ``elif``, on a static test, or
-  assigning a name on one of its paths only.
+  is not split); a nested ``if`` on a static test, or assigning a name on
+  some of its paths only that is read after the site.
 
 ## Autograd
 A select of names (not ``self.<attr>`` stores, not ``torch.cond``) also runs
@@ -129,6 +131,7 @@ from graphmend.analysis.gradients import (
     Reach,
     block_reach,
     checked_at_run_time,
+    prior_reach,
     reach,
 )
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
@@ -141,7 +144,7 @@ from graphmend.rules._ast import (
     store_name,
 )
 from graphmend.rules._predicate import (
-    guard_nonempty,
+    add_guards,
     has_boolops,
     is_static_test,
     lower,
@@ -184,16 +187,16 @@ class Where(CondForm, TrailingCallForm, Rule):
         cond = ctx.fresh("c")
         original_test = load_name(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
         fallback = ast.If(test=original_test, body=copy.deepcopy(stmt.body), orelse=copy.deepcopy(stmt.orelse))
-        rest = self._after_early_return(stmt, ctx)
-        two_way = [(cond, stmt.body), (None, stmt.orelse if rest is None else rest)]
+        completed = self._with_rest([stmt.body, stmt.orelse], stmt, ctx)
+        two_way = [(cond, stmt.body), (None, stmt.orelse)] if completed is None else [(cond, completed[0]), (None, completed[1])]
         nonempty = nonempty_names(tensor_test, facts)
 
         guards: list[ast.expr] = []
-        if rest is not None:
-            predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
+        if completed is not None:
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty)
             ctx.notes.append("early return predicated with torch.where: the rest of the function computed too")
         elif all(select.returns_a_value(block) for _, block in two_way):
-            predicated, grad = self._returns(two_way, facts, bound, ctx, guards, nonempty)
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
             predicated, grad = self._trailing_call(stmt, cond, facts, bound, ctx, guards), None
@@ -244,8 +247,10 @@ class Where(CondForm, TrailingCallForm, Rule):
             tests.append((cond, lower(test, facts, ctx)))
             named.append((cond, body))
         guards: list[ast.expr] = []
-        if all(select.returns_a_value(body) for _, body in named):
-            predicated, grad = self._returns(named, facts, bound, ctx, guards, nonempty)
+        completed = self._with_rest([body for _, body in named], stmt, ctx)
+        if completed is not None or all(select.returns_a_value(body) for _, body in named):
+            blocks = completed or [body for _, body in named]
+            predicated, grad = self._returns(stmt, [(c, b) for (c, _), b in zip(named, blocks)], facts, bound, ctx, guards, nonempty)
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
             predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty)
@@ -309,11 +314,14 @@ class Where(CondForm, TrailingCallForm, Rule):
     # -- return form -------------------------------------------------------------
 
     @staticmethod
-    def _after_early_return(stmt: ast.If, ctx: RewriteContext) -> list[ast.stmt] | None:
-        """For ``if c: ...; return a`` with no else, at the top level of the function and
-        followed by statements that end in ``return b``: those statements (the path
-        where ``c`` is false). None for any other ``if``."""
-        if stmt.orelse or not select.returns_a_value(stmt.body):
+    def _with_rest(blocks: list[list[ast.stmt]], stmt: ast.If, ctx: RewriteContext) -> list[list[ast.stmt]] | None:
+        """For an ``if`` some of whose branches return (``if c: ...; return a``) and
+        others not (an ``else`` that assigns, or none), at the top level of the
+        function and followed by statements that end in ``return b``: each branch
+        that does not return followed by those statements (its path to the end).
+        None when every branch returns or none does."""
+        returning = [select.returns_a_value(block) for block in blocks]
+        if all(returning) or not any(returning):
             return None
         index = next((i for i, node in enumerate(ctx.fdef.body) if node is stmt), None)
         if index is None:
@@ -321,10 +329,13 @@ class Where(CondForm, TrailingCallForm, Rule):
         rest = ctx.fdef.body[index + 1 :]
         if not select.returns_a_value(rest):
             raise Decline("an early return where the function does not end in `return <value>`")
-        return rest
+        before_end = [s for block, done in zip(blocks, returning) for s in (block[:-1] if done else block)]
+        if any(isinstance(n, ast.Return) for s in before_end for n in ast.walk(s)):
+            raise Decline("a return before the end of a branch")
+        return [block if done else [*block, *rest] for block, done in zip(blocks, returning)]
 
     def _returns(
-        self, arms: list[Arm], facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr], nonempty: frozenset[str]
+        self, stmt: ast.If, arms: list[Arm], facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr], nonempty: frozenset[str]
     ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch (assignments to names, then ``return v``) into temporaries, the
         selected value returned; with the roots ``grad_free`` must clear for autograd."""
@@ -335,6 +346,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         conds = [cond for cond, _ in arms if cond is not None]
         grad = not any(has_nested_if(block, ctx) for _, block in arms)  # gates know assignments only
         reaches = []
+        prior = prior_reach(ctx.fdef.body, stmt, facts.assignments, is_function)  # what names before the if reach
         for index, (_, block) in enumerate(arms):
             *setup, ret = block
             assert isinstance(ret, ast.Return) and ret.value is not None
@@ -348,11 +360,11 @@ class Where(CondForm, TrailingCallForm, Rule):
             empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
             for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
-            guard_nonempty(empty, ctx, guards)
+            add_guards(empty, ctx, guards)
             temp = ctx.fresh(stem)
             spec.out.append(assign_to(store_name(temp), Substitute({**gates, **env}).visit(copy.deepcopy(ret.value))))
             values.append(temp)
-            reached, _ = block_reach(assignments, is_function)
+            reached, _ = block_reach(assignments, is_function, prior)
             reaches.append(reach(ret.value, reached, is_function))
         same = [ast.Call(func=ctx.runtime("same_meta"), args=[load_name(values[0]), load_name(v)], keywords=[]) for v in values[1:]]
         chosen = load_name(values[-1])
@@ -404,6 +416,9 @@ class Where(CondForm, TrailingCallForm, Rule):
             gates = select.gated(select.assigned(block), when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
             envs.append(spec.branch(block, stem, when, gates))
+        for name in sorted(spec.dropped):
+            if live_after(ctx.fdef, stmt, name):
+                raise Decline(f"`{name}` is assigned on some paths of a nested if only and read after the if")
         targets = list(dict.fromkeys(target for env in envs for target in env))
         effects = bool(spec.pending)  # a deferred effect or check, gated
         if not targets and not effects:
@@ -465,9 +480,10 @@ class Where(CondForm, TrailingCallForm, Rule):
         if not grad:
             return body, None
         reaches = []
+        prior = prior_reach(ctx.fdef.body, stmt, facts.assignments, is_function)  # what names before the if reach
         for index, (_, block) in enumerate(arms):
-            reached, _ = block_reach(select.assigned(block), is_function)
-            unchanged = [Reach(frozenset({t}), frozenset({t})) for t, values in selects if values[index] == t]
+            reached, _ = block_reach(select.assigned(block), is_function, prior)
+            unchanged = [prior.get(t, Reach(frozenset({t}), frozenset({t}))) for t, values in selects if values[index] == t]
             reaches.append(Reach().union(*(reached[t] for t, values in selects if values[index] != t), *unchanged))
         return body, checked_at_run_time(reaches)
 

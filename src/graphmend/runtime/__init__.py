@@ -446,6 +446,37 @@ def nonempty(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.numel() > 0
 
 
+def has_dims(t: Any, count: int) -> bool:
+    """A tensor of at least ``count`` dimensions: ``t.shape[count - 1]`` the mended
+    code evaluates where the original did not cannot raise. Decided while tracing."""
+    return isinstance(t, torch.Tensor) and t.dim() >= count
+
+
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}  # significand bits
+
+
+def item_of(x: Any, *constants: Any) -> Any:
+    """``x.item()`` for a test comparing it with ``constants``: ``x`` as a 0-dim
+    tensor where comparing in its dtype gives the same answer (each constant
+    exact in it), else ``x.item()`` itself (which raises as the original would).
+    Decided while tracing."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and all(_exact(c, x.dtype) for c in constants):
+        return x.reshape(())
+    return x.item()
+
+
+def _exact(c: Any, dtype: torch.dtype) -> bool:
+    if type(c) is int and not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+        info = torch.iinfo(dtype)
+        return info.min <= c <= info.max
+    if type(c) not in (int, float) or dtype not in _DIGITS or c != c or abs(c) > torch.finfo(dtype).max or float(c) != c:
+        return False
+    numerator, denominator = float(c).as_integer_ratio()
+    while numerator and numerator % 2 == 0:
+        numerator //= 2
+    return numerator.bit_length() <= _DIGITS[dtype] and (c == 0 or abs(c) >= torch.finfo(dtype).tiny)
+
+
 def trappable(flag: Any) -> bool:
     """A 0-dim bool tensor: the check can be deferred (decided while tracing)."""
     return isinstance(flag, torch.Tensor) and flag.dtype == torch.bool and flag.dim() == 0
@@ -561,40 +592,9 @@ def speculate(site: Site, value: Any) -> Any:
 
 
 __all__ = [
-    "API_VERSION",
-    "RERUNS",
-    "ExportError",
-    "LEVELS",
-    "barrier",
-    "bind",
-    "held",
-    "on_device",
-    "predicable",
-    "register_buffer",
-    "same_meta",
-    "store",
-    "torch",
-    "active",
-    "flush",
-    "fmt",
-    "fstr",
-    "lazy",
-    "log",
-    "pct",
-    "print_",
-    "region",
-    "exclusive",
-    "register_log_site",
-    "Mispredicted",
-    "call",
-    "speculate",
-    "equal",
-    "tensor_and",
-    "tensor_or",
-    "tensor_not",
-    "gate",
-    "trap",
-    "trappable",
-    "nonempty",
-    "warn",
+    "API_VERSION", "RERUNS", "ExportError", "LEVELS", "barrier", "bind", "held", "on_device", "predicable",
+    "register_buffer", "same_meta", "store", "torch", "active", "flush", "fmt", "fstr", "lazy", "log", "pct",
+    "print_", "region", "exclusive", "register_log_site", "Mispredicted", "call", "speculate", "equal",
+    "tensor_and", "tensor_or", "tensor_not", "gate", "trap", "trappable", "nonempty", "warn", "grad_free",
+    "grad_gate", "has_dims", "predicable_with_grad", "select", "item_of",
 ]
