@@ -192,10 +192,15 @@ def deferred_effect(node: ast.stmt) -> ast.expr | None:
 
 def trapped_check(node: ast.stmt) -> tuple[str, ast.Call] | None:
     """``if __graphmend_rt__.trappable(x): __graphmend_rt__.trap(site, flag, E, args) else: ...``
-    as [Trap] emits it -> (x, the trap call)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Call) and len(node.body) == 1):
+    as [Trap] emits it (also ``trappable(x) and nonempty(t)``..., its guards of the
+    message, which the branch's select guards again) -> (x, the trap call)."""
+    if not (isinstance(node, ast.If) and len(node.body) == 1):
         return None
     test, inner = node.test, node.body[0]
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and all(_message_guard(v) for v in test.values[1:]):
+        test = test.values[0]
+    if not isinstance(test, ast.Call):
+        return None
     if not (
         isinstance(test.func, ast.Attribute)
         and test.func.attr == "trappable"
@@ -226,6 +231,17 @@ def other_statement(node: ast.stmt) -> str:
     head = ast.unparse(node).splitlines()[0]
     head = head + " ..." if head.endswith(":") else head
     return f"{_KINDS.get(type(node), 'a ' + type(node).__name__)} (`{head}`)"
+
+
+def _message_guard(node: ast.expr) -> bool:
+    """``__graphmend_rt__.nonempty(t)`` or ``has_dims(t, n)``: a guard [Trap] adds for its message."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("nonempty", "has_dims")
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == RUNTIME_NAME
+    )
 
 
 def returns_a_value(block: list[ast.stmt]) -> bool:
