@@ -571,6 +571,7 @@ DECLINES = [
     (B.InPlace, "mutates its receiver"),
     (B.TensorOrFlag, "a static operand after a tensor operand would change evaluation order"),
     (B.NestedOnePathLive, "`lim` is assigned on some paths of a nested if only and read after the if"),
+    (B.StaticNestedIfWithAssert, "the static nested if on `self.bias is not None` holds a statement other than an assignment"),
 ]
 
 

@@ -292,8 +292,8 @@ class Speculation:
         envs = []
         outer = self.out
         for block in (node.body, node.orelse):
-            if has_nested_if(block, self.ctx):
-                raise Decline(f"a nested if inside the static nested if on `{code}`")
+            if not all(isinstance(n, ast.Assign) for n in as_written(block, self.ctx)):
+                raise Decline(f"the static nested if on `{code}` holds a statement other than an assignment")
             self.out = []
             envs.append(self.branch(block, side, None, env=dict(env), last=False))  # effects decline (no `taken`)
             sides.append(self.out)
