@@ -44,7 +44,7 @@ from graphmend.analysis.facts import (
     is_tensor_expr,
     is_torch_attr,
 )
-from graphmend.analysis.source import bound_names
+from graphmend.analysis.source import bound_names, is_runtime_call
 
 # Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
 STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
@@ -201,14 +201,7 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
             and node.func.attr in ("equal",)
         ):
             return  # the runtime's pure, total torch.equal
-        if (
-            isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "__graphmend_rt__"
-            and node.func.attr == "item_of"
-            and node.args
-            and _one_element(node.args[0])
-        ):
+        if is_runtime_call(node, "item_of") and node.args and _one_element(node.args[0]):
             return  # `.item()` of a whole reduction ([Scalar]'s tensor test, its arguments checked above): one element
         fn = is_torch_attr(node.func, facts)
         if fn is not None:

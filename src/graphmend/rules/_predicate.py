@@ -149,7 +149,7 @@ def item_test(test: ast.expr, ctx: RewriteContext) -> ast.expr | None:
     left, right = test.left, test.comparators[0]
     for item, other in ((left, right), (right, left)):
         constant = other.operand if isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub) else other
-        if _is_item_call(item) and isinstance(constant, ast.Constant) and type(constant.value) in (int, float):
+        if is_item_call(item) and isinstance(constant, ast.Constant) and type(constant.value) in (int, float):
             call = ast.Call(func=ctx.runtime("item_of"), args=[copy.deepcopy(item.func.value), copy.deepcopy(other)], keywords=[])  # type: ignore[attr-defined]
             sides = [call, copy.deepcopy(other)] if item is left else [copy.deepcopy(other), call]
             out = ast.Compare(left=sides[0], ops=[copy.deepcopy(test.ops[0])], comparators=[sides[1]])
@@ -157,5 +157,6 @@ def item_test(test: ast.expr, ctx: RewriteContext) -> ast.expr | None:
     return None
 
 
-def _is_item_call(node: ast.AST) -> bool:
+def is_item_call(node: ast.AST) -> bool:
+    """``t.item()``."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "item" and not node.args and not node.keywords

@@ -13,7 +13,7 @@ from typing import Callable
 
 from graphmend.analysis.facts import FunctionFacts
 from graphmend.analysis.gradients import block_reach, signs_kept
-from graphmend.analysis.source import RUNTIME_NAME
+from graphmend.analysis.source import RUNTIME_NAME, is_runtime_call
 from graphmend.rules import RewriteContext
 from graphmend.rules._ast import assign_to, is_self_attr, load_name, store_name
 
@@ -235,13 +235,7 @@ def other_statement(node: ast.stmt) -> str:
 
 def _message_guard(node: ast.expr) -> bool:
     """``__graphmend_rt__.nonempty(t)`` or ``has_dims(t, n)``: a guard [Trap] adds for its message."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in ("nonempty", "has_dims")
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == RUNTIME_NAME
-    )
+    return is_runtime_call(node, "nonempty", "has_dims")
 
 
 def returns_a_value(block: list[ast.stmt]) -> bool:

@@ -94,7 +94,7 @@ from graphmend.analysis.facts import (
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
 from graphmend.rules._full_loop import FullLoop, index_list
-from graphmend.rules._predicate import item_test
+from graphmend.rules._predicate import is_item_call, item_test
 from graphmend.rules.where import Where
 
 _ITEM_OPS = (ast.Mult, ast.Add, ast.Sub)
@@ -125,7 +125,7 @@ class Scalar(Rule):
         items = _ItemOperands(ctx).find(stmt)
         if items:
             return items
-        if any(_is_item(n) for n in ast.walk(stmt)):
+        if any(is_item_call(n) for n in ast.walk(stmt)):
             raise Decline(
                 "the .item() value is used other than in `*`/`+`/`-` (control flow, int(), "
                 "a container): no exact source rewrite; capture_scalar_outputs is measured instead"
@@ -151,7 +151,7 @@ def _host_read(node: ast.expr, ctx: RewriteContext) -> ast.expr | None:
         and not node.keywords
     ):
         node = node.args[0]
-    return node.func.value if _is_item(node) else None
+    return node.func.value if is_item_call(node) else None
 
 
 _HOST_INT_METHODS = frozenset({"numel", "dim", "size"})
@@ -247,16 +247,6 @@ def _predicated_item_test(stmt: ast.If, ctx: RewriteContext) -> list[ast.stmt]:
 # x * t.item()
 
 
-def _is_item(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "item"
-        and not node.args
-        and not node.keywords
-    )
-
-
 class _ItemOperands(ast.NodeTransformer):
     """``x <op> t.item()`` -> ``(t.detach() if <x is a tensor, t 0-dim with its dtype and device> else t.item())``.
 
@@ -267,7 +257,7 @@ class _ItemOperands(ast.NodeTransformer):
         self.count = 0
 
     def find(self, stmt: ast.stmt) -> list[ast.stmt]:
-        items = [n for n in ast.walk(stmt) if _is_item(n)]
+        items = [n for n in ast.walk(stmt) if is_item_call(n)]
         if not items:
             return []
         new = self.visit(copy.deepcopy(stmt))
@@ -285,7 +275,7 @@ class _ItemOperands(ast.NodeTransformer):
             return node
         for side, other in (("right", node.left), ("left", node.right)):
             item = getattr(node, side)
-            if not (_is_item(item) and self._plain(item.func.value)):
+            if not (is_item_call(item) and self._plain(item.func.value)):
                 continue
             if not self._plain(other):
                 if side == "left":
