@@ -125,7 +125,7 @@ def test_molformer_mask_guard_every_layer_to_one_graph():
 DECLINES = [
     (G.InTry, "inside a try block"),
     (G.RichException, "defines __init__"),
-    (G.MutatesAfter, "state changes after the check"),
+    (G.MutatesChildAfter, "state changes after the check would now happen before it raises: `self.counter.seen.add_(...)`"),
 ]
 
 
@@ -140,6 +140,102 @@ def test_declines_keep_behaviour(cls, reason):
     for x in (GOOD, BAD, GOOD):
         assert run(model, x).effects() == run(reference, x).effects()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+def _call(fn, x):
+    """(exception type and message, or None; the output), grad mode as the caller's."""
+    try:
+        return None, fn(x)
+    except Exception as exc:
+        return (type(exc).__name__, str(exc)), None
+
+
+def _same_state(model, reference):
+    assert torch.equal(model.calls, reference.calls) and torch.equal(model.seen, reference.seen)
+    assert hasattr(model, "last") == hasattr(reference, "last")
+    if getattr(reference, "last", None) is not None:
+        assert torch.equal(model.last, reference.last)
+    else:
+        assert getattr(model, "last", None) is None
+
+
+def _restores(grad, set_last, calls):
+    """RestoresAfter through graphmend.compile, each call's exception or output
+    (and gradients) and state held to eager's; (graphs, plain torch.compile's)."""
+    torch.manual_seed(0)
+    reference = G.RestoresAfter(set_last)
+    model = copy.deepcopy(reference)
+    plain_backend = CountingBackend()  # the original code (mending replaces the class's forward)
+    with torch.set_grad_enabled(grad):
+        plain = torch.compile(G.RestoresAfter(set_last), backend=plain_backend)
+        for x in calls:
+            _call(plain, x)
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    with torch.set_grad_enabled(grad):
+        compiled = graphmend.compile(model, backend=backend, example_inputs=(GOOD,))
+        traps = [o for o in compiled.report.outcomes if o.category == "VG"]
+        assert [o.status for o in traps] == ["applied"], traps
+        assert "(self.calls, self.last, self.seen's data) is put back when it raises" in traps[0].reason
+        assert compiled.report.before.graphs == 2 and compiled.report.after.graphs == 1
+        for x in calls:
+            eager, got = _call(reference, x), _call(compiled, x)
+            assert got[0] == eager[0]  # the exception, or None
+            if eager[0] is None:
+                assert torch.equal(got[1], eager[1])
+                if grad:
+                    got[1].sum().backward()
+                    eager[1].sum().backward()
+                    assert torch.equal(model.scale.grad, reference.scale.grad)
+            _same_state(model, reference)
+    assert _call(reference, BAD)[0] == ("ValueError", "too negative")
+    return len(backend.graphs), len(plain_backend.graphs)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_what_the_code_after_the_check_stores_is_put_back_when_it_raises(grad):
+    """`self.calls = ...`, `self.seen.add_(...)` and a method's `self.last = ...`
+    after the check: the trap records them as they were at the check and puts
+    them back before it raises, so the state after each call is eager's."""
+    assert _restores(grad, True, (GOOD, BAD, GOOD * 3, BAD, GOOD)) == (1, 2)
+
+
+def test_an_attribute_first_set_after_the_check_is_removed_when_it_raises():
+    """`last` is not set before the first call, which raises: it stays unset,
+    as eager leaves it. Its getting set by the next call recompiles once (the
+    trap's record tests whether it exists): as many graphs as plain torch.compile."""
+    assert _restores(False, False, (BAD, GOOD, BAD, GOOD * 3)) == (2, 2)
+
+
+def test_a_module_that_hands_back_its_input_does_not_make_it_fresh():
+    """`h = self.ident(x); h.mul_(2)` after the check changes the caller's `x`:
+    [Trap] declines, and a call that raises leaves the input as eager does."""
+    reference, compiled, _ = mended(G.ChangesInputAfter)
+    traps = [o for o in compiled.report.outcomes if o.category == "VG"]
+    assert [o.status for o in traps] == ["declined"]
+    assert "state changes after the check would now happen before it raises: `h.mul_(...)`" in traps[0].reason
+    for x in (GOOD, BAD):
+        eager_in, got_in = x.clone(), x.clone()
+        assert _call(compiled, got_in)[0] == _call(reference, eager_in)[0]
+        assert torch.equal(got_in, eager_in)
+    assert torch.equal(eager_in, BAD)  # eager raised before changing it
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_check_in_a_branch_not_taken_is_trapped_ahead_and_the_branch_computed(grad):
+    reference, compiled, backend = mended(G.CheckInBranch)
+    outcomes = {o.rule: (o.status, o.reason) for o in compiled.report.outcomes}
+    assert outcomes["where"][0] == "applied" and outcomes["trap"][0] == "applied", outcomes
+    assert "rewritten ahead" in outcomes["trap"][1]
+    assert (compiled.report.before.graphs, compiled.report.after.graphs) == (2, 1)
+    big, huge = torch.full((2, 4), 20.0), torch.full((2, 4), 20.0)
+    huge[1, 2] = 600.0
+    with torch.set_grad_enabled(grad):
+        for x in (GOOD, big, huge, GOOD):
+            eager, got = _call(reference, x), _call(compiled, x)
+            assert got[0] == eager[0] and (eager[0] is not None or torch.equal(got[1], eager[1]))
+    assert _call(reference, huge)[0] == ("AssertionError", "too large") and _call(reference, big)[0] is None
+    assert len(backend.graphs) == 1
 
 
 def test_analysis_does_not_touch_the_users_model():
@@ -893,9 +989,164 @@ GOLDEN = [
                 self.seen.add_(1)
                 return x
         """,
-        declined=(
-            "state changes after the check would now happen before it raises: `self.seen.add_(...)` (line 9)"
-        ),
+        rewritten="""
+        def forward(self, x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 7, 'forward'), _gm_c0, ValueError, ('negative',), keep=(self, (), ('seen',)))
+            elif _gm_c0:
+                raise ValueError('negative')
+            self.seen.add_(1)
+            return x
+        """,
+    ),
+    golden.case(
+        "attributes-stored-after",  # a number's += is put back too (a tensor's would change it in place)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+                self.last = None
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                self.calls += 1
+                self.last = x.sum()
+                return x
+        """,
+        rewritten="""
+        def forward(self, x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 8, 'forward'), _gm_c0, ValueError, ('negative',), keep=(self, ('calls', 'last'), ()))
+            elif _gm_c0:
+                raise ValueError('negative')
+            self.calls += 1
+            self.last = x.sum()
+            return x
+        """,
+    ),
+    golden.case(
+        "in-place-on-what-a-helper-hands-back",  # helper returns h as given: as fresh as the h passed
+        """
+        def helper(h, s):
+            return h, s
+
+
+        class Model(nn.Module):
+            def forward(self, x):
+                h = x * 1.0
+                s = h.mean()
+                if (h < 0).any():  # <-
+                    raise ValueError("negative")
+                h, s = helper(h, s)
+                h.add_(1)
+                return h
+        """,
+        rewritten="""
+        def forward(self, x):
+            h = x * 1.0
+            s = h.mean()
+            _gm_c0 = (h < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 9, 'forward'), _gm_c0, ValueError, ('negative',))
+            elif _gm_c0:
+                raise ValueError('negative')
+            h, s = helper(h, s)
+            h.add_(1)
+            return h
+        """,
+    ),
+    golden.case(
+        "in-place-on-what-identity-hands-back",  # nn.Identity returns the input itself: the caller's tensor
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ident = nn.Identity()
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                h = self.ident(x)
+                h.mul_(2)
+                return h
+        """,
+        declined="state changes after the check would now happen before it raises: `h.mul_(...)` (line 10)",
+    ),
+    golden.case(
+        "in-place-in-a-block-on-a-fresh-argument",
+        """
+        class Block(nn.Module):
+            def forward(self, h):
+                h.add_(1)
+                return h
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList([Block(), Block()])
+
+            def forward(self, x):
+                h = x * 2.0
+                if (h < 0).any():  # <-
+                    raise ValueError("negative")
+                for block in self.blocks:
+                    h = block(h)
+                return h
+        """,
+        rewritten="""
+        def forward(self, x):
+            h = x * 2.0
+            _gm_c0 = (h < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 14, 'forward'), _gm_c0, ValueError, ('negative',))
+            elif _gm_c0:
+                raise ValueError('negative')
+            for block in self.blocks:
+                h = block(h)
+            return h
+        """,
+    ),
+    golden.case(
+        "in-place-in-a-block-on-the-input",
+        """
+        class Block(nn.Module):
+            def forward(self, h):
+                h.add_(1)
+                return h
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList([Block(), Block()])
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                for block in self.blocks:
+                    x = block(x)
+                return x
+        """,
+        declined="state changes after the check would now happen before it raises: Block.forward: `h.add_(...)` (line 3)",
+    ),
+    golden.case(
+        "in-place-on-a-local-stored-on-self",  # self.cache holds h: changing h changes it
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                h = x * 2.0
+                self.cache = h
+                if (h < 0).any():  # <-
+                    raise ValueError("negative")
+                h.add_(1)
+                return h
+        """,
+        declined="state changes after the check would now happen before it raises: `h.add_(...)` (line 7)",
     ),
     golden.case(
         "in-place-op-on-a-later-iteration",
@@ -940,7 +1191,7 @@ GOLDEN = [
         ),
     ),
     golden.case(
-        "state-change-in-a-caller-after-the-call",
+        "state-change-in-a-caller-after-the-call",  # through `self.check(x)`: the same `self`, put back
         """
         class Model(nn.Module):
             def __init__(self):
@@ -957,8 +1208,39 @@ GOLDEN = [
                 self.calls += 1
                 return x
         """,
+        rewritten="""
+        def check(self, x):
+            _gm_c0 = (x < 0).any()
+            if __graphmend_rt__.trappable(_gm_c0):
+                __graphmend_rt__.trap(('golden_case', 7, 'check'), _gm_c0, ValueError, ('negative',), keep=(self, ('calls',), ()))
+            elif _gm_c0:
+                raise ValueError('negative')
+            return x
+        """,
+    ),
+    golden.case(
+        "state-change-in-a-caller-of-another-module",  # the caller's `self` is not the check's
+        """
+        class Check(nn.Module):
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                return x
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.check = Check()
+                self.calls = 0
+
+            def forward(self, x):
+                x = self.check(x)  # <- caller
+                self.calls += 1
+                return x
+        """,
         declined=(
-            "state changes after the check would now happen before it raises: `self.calls = ...` (line 13)"
+            "state changes after the check would now happen before it raises: `self.calls = ...` (line 16)"
         ),
     ),
     # A reduction with no identity element (amax, max, min, item) raises on an empty

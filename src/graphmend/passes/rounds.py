@@ -235,6 +235,8 @@ def ahead_sites(
         why = f"the function breaks (line {', '.join(str(line) for line in sorted(taken))})"
     else:
         why = "the model's code (a `forward` or a helper it calls) breaks the graph wherever an input reaches it"
+    # The function's callers are those of its sites ([Trap] scans their code after the call); none seen: unknown.
+    chains = [chain for _, rw in pairs for chain in rw.chains or []]
     made: list[tuple[BreakSite, engine.SiteRewrite]] = []
     for rule in rules.values():
         if rule.name not in enabled:
@@ -250,7 +252,7 @@ def ahead_sites(
                 category=min(rule.categories, default=""), reason="", gb_id=None, rule=rule.name,
                 verdict=f"no break seen here on the example inputs; rewritten ahead because {why}",
             )
-            made.append((site, engine.SiteRewrite(line=line, rule=rule)))
+            made.append((site, engine.SiteRewrite(line=line, rule=rule, chains=list(chains))))
     return made
 
 

@@ -6,9 +6,12 @@ The scan follows the code that runs after the point: the rest of its function
 (every later iteration of an enclosing loop included), the callers' code after
 their call on every chain Dynamo showed, and every function, method and
 module it calls, resolved on the live model. A store outside the function's
-locals, an in-place or mutating method on something not local, a global
-statement, a stateful builtin, or an effect the runtime does not watch is a
-reason; deferred effects (the runtime's calls) are not.
+locals, an in-place or mutating method on something not fresh (see
+``analysis.aliasing``; a called module's or helper's result is judged by what
+it returns), a global statement, a stateful builtin, or an effect the runtime
+does not watch is a reason; deferred effects (the runtime's calls) are not.
+Stores to the check's own ``self`` that the runtime can put back are
+collected instead (``undo``, ``undo_data``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ import builtins
 import contextlib
 from typing import Any, Iterator
 
+from graphmend.analysis.aliasing import (
+    fresh_arguments,
+    fresh_locals,
+    has_self,
+    in_place_argument,
+    is_super_call,
+    may_return_input,
+    result_fresh,
+)
 from graphmend.analysis.effects import (
     is_side_effect_call,
     loop_attribute,
@@ -58,9 +70,13 @@ class StateScan:
 
         self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
         self._scope: tuple[Any, str] | None = (ctx.fdef, ctx.filename)  # the function being scanned
+        self.undo: set[str] = set()  # attributes of the check's `self` stored after it (put back if it raises)
+        self.undo_data: set[str] = set()  # its tensors changed in place after it (their data put back)
+        self._same_self = has_self(ctx.fdef)  # `self` in the code being scanned is the check's
 
         path = path_to(ctx.fdef.body, stmt)
         reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
+        self._same_self = False
         if reason:
             return reason
         # The callers' code after the call that led here runs too: on every
@@ -75,8 +91,9 @@ class StateScan:
                 "cannot be checked"
             )
         for chain in ctx.chains:
-            for frame in chain[:-1]:
-                reason = self._caller_continuation(frame, ctx)
+            same = has_self(ctx.fdef)  # callers up to here called a method of the check's `self`
+            for frame, callee in reversed(list(zip(chain[:-1], chain[1:]))):
+                reason, same = self._caller_continuation(frame, ctx, same and callee.function)
                 if reason:
                     return reason
         return None
@@ -91,23 +108,30 @@ class StateScan:
         scanner.max_depth = 12
         scanner._scanned = {}
         with scanner._scanning(fdef, filename):
-            return scanner._mutation_in(fdef, _fresh_locals(fdef), namespace, ctx, 0)
+            return scanner._mutation_in(fdef, scanner._fresh(fdef, namespace, ctx, 0), namespace, ctx, 0)
 
-    def _caller_continuation(self, frame: Any, ctx: RewriteContext) -> str | None:
+    def _caller_continuation(self, frame: Any, ctx: RewriteContext, method: str | bool) -> tuple[str | None, bool]:
+        """Why the caller's code after its call could change state, and
+        whether its ``self`` is the check's (it called ``self.<method>(...)``,
+        ``method`` the callee's name, False when an inner caller's is not)."""
         from graphmend.analysis.facts import path_to
         from graphmend.analysis.source import defs_containing
 
         parsed = parse_file(frame.file)
         if parsed is None:
-            return f"the source of a caller ({frame.file}) is not available to check"
+            return f"the source of a caller ({frame.file}) is not available to check", False
         defs = defs_containing(parsed.tree, frame.line)
         if not defs:
-            return None
+            return None, False
         fdef = defs[0]
         found = statement_in(fdef.body, frame.line, into_classes=False)
         if found is None:
-            return None
+            return None, False
         block, index = found
+        same = bool(method) and has_self(fdef) and _bound_through_self(ctx, str(method)) is True and any(
+            isinstance(c, ast.Call) and self_attribute(c.func) == method and isinstance(c.func, ast.Attribute)
+            for c in ast.walk(block[index])
+        )
         if inside_try(fdef, block[index]):
             raise Decline(
                 f"a caller's call is inside a try block (`{fdef.name}`, line {frame.line}): a handler could catch "
@@ -115,13 +139,13 @@ class StateScan:
             )
         path = path_to(fdef.body, block[index])
         namespace = module_namespace(frame.file)
-        with self._scanning(fdef, frame.file):
-            return self._scan_continuation(fdef, path, namespace, ctx, 0)
+        with self._scanning(fdef, frame.file, same_self=same):
+            return self._scan_continuation(fdef, path, namespace, ctx, 0), same
 
     def _scan_continuation(self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
         if path is None:
             return None
-        local = _fresh_locals(fdef)
+        local = self._fresh(fdef, namespace, ctx, depth)
         statements: list[ast.stmt] = []
         for block, index in path:
             owner = None
@@ -145,10 +169,17 @@ class StateScan:
             if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 for t in stores(targets):
-                    if root_of(t) not in local:
+                    if self._undoable(t, sub, ctx):
+                        self.undo.add(t.attr)  # type: ignore[union-attr]  # put back when the check raises
+                    elif isinstance(t, ast.Subscript) and self._restorable(t.value, ctx):
+                        self.undo_data.add(t.value.attr)  # type: ignore[attr-defined]  # `self.buf[i] = v`
+                    elif root_of(t) not in local:
                         return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
             elif isinstance(sub, ast.Call):
                 func = sub.func
+                changed = in_place_argument(sub)  # `F.relu(h, inplace=True)`
+                if changed is not None and root_of(changed) not in local:
+                    return f"`{ast.unparse(sub)}` changes `{ast.unparse(changed)}` in place (line {sub.lineno})"
                 if isinstance(func, ast.Attribute) and root_of(func) == "__graphmend_rt__":
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
@@ -158,7 +189,9 @@ class StateScan:
                 if isinstance(func, ast.Attribute):
                     attr = func.attr
                     if mutating_method(attr):
-                        if root_of(func.value) not in local:
+                        if attr.endswith("_") and self._restorable(func.value, ctx):
+                            self.undo_data.add(func.value.attr)  # type: ignore[attr-defined]  # `self.buf.add_(v)`
+                        elif root_of(func.value) not in local:
                             return f"`{ast.unparse(func)}(...)` (line {sub.lineno})"
                 self_attr = self_attribute(func)
                 if self_attr is not None:
@@ -169,7 +202,7 @@ class StateScan:
                     if func.id in STATEFUL_BUILTINS and namespace.get(func.id, getattr(builtins, func.id)) is getattr(builtins, func.id):
                         return f"`{func.id}(...)` (line {sub.lineno})"
                     if func.id in local:
-                        reason = self._local_callable(func.id, node, ctx, depth, namespace)
+                        reason = self._local_callable(func.id, node, ctx, depth, namespace, (sub, local))
                         if reason:
                             return reason
                         continue
@@ -180,13 +213,13 @@ class StateScan:
                         continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
                     if target is None:  # a parameter or loop variable: `for layer in self.layers: layer(h)`
-                        reason = self._local_callable(func.id, node, ctx, depth, namespace)
+                        reason = self._local_callable(func.id, node, ctx, depth, namespace, (sub, local))
                         if reason:
                             return reason
                         continue
                     if hasattr(target, "__code__"):
                         reason = self._function_effects(
-                            target, func.id, ctx, depth, *_arguments(sub, target, local, bound=False)
+                            target, func.id, ctx, depth, *fresh_arguments(sub, target, local, bound=False)
                         )
                         if reason:
                             return reason
@@ -205,13 +238,15 @@ class StateScan:
 
     def _function_effects(
         self, fn: Any, label: str, ctx: RewriteContext, depth: int, fresh: frozenset[str] = frozenset(),
-        callables: frozenset[tuple[str, str]] = frozenset(),
+        callables: frozenset[tuple[str, str]] = frozenset(), same_self: bool = False,
     ) -> str | None:
-        """A method or function called after the check: scan its body the same way."""
+        """A method or function called after the check: scan its body the same
+        way. ``same_self``: a method called through the check's ``self``."""
         if depth >= self.max_depth:
             return f"calls `{label}`, too deep to check"
         code = fn.__code__
-        key: Any = (id(code), fresh, callables) if fresh or callables else id(code)
+        same_self = same_self and getattr(self, "_same_self", False)
+        key: Any = (id(code), fresh, callables, same_self) if fresh or callables or same_self else id(code)
         if key in self._scanned:
             return self._scanned[key]
         self._scanned[key] = None  # recursion: assume clean while scanning
@@ -219,11 +254,13 @@ class StateScan:
         if fdef is None:
             return f"calls `{label}`, whose source is not available"
         saved, self._callables = getattr(self, "_callables", frozenset()), callables
+        saved_self, self._same_self = getattr(self, "_same_self", False), same_self and has_self(fdef)
         try:
             with self._scanning(fdef, code.co_filename):
-                reason = self._mutation_in(fdef, _fresh_locals(fdef, fresh), fn.__globals__, ctx, depth + 1)
+                local = self._fresh(fdef, fn.__globals__, ctx, depth + 1, fresh)
+                reason = self._mutation_in(fdef, local, fn.__globals__, ctx, depth + 1)
         finally:
-            self._callables = saved
+            self._callables, self._same_self = saved, saved_self
         verdict = f"{code.co_name}: {reason}" if reason else None
         self._scanned[key] = verdict
         return verdict
@@ -262,13 +299,39 @@ class StateScan:
             return None
         return _UNRESOLVED
 
+    def _undoable(self, target: ast.AST, stmt: ast.stmt, ctx: RewriteContext) -> bool:
+        """A store to an attribute of the check's ``self`` that the runtime can
+        put back: a plain assignment, or ``+=`` on a number (on a tensor it
+        changes the value in place)."""
+        if not getattr(self, "_same_self", False) or not isinstance(target, ast.Attribute):
+            return False
+        if self_attribute(target) is None:
+            return False
+        if isinstance(stmt, ast.AugAssign):
+            values = self._self_values(target.attr, ctx)
+            return bool(values) and all(type(v) in (int, float, bool) for v in values)
+        return True
+
+    def _restorable(self, receiver: ast.AST, ctx: RewriteContext) -> bool:
+        """``self.<attr>`` of the check's ``self``, a tensor on every module
+        that runs the code: its data is copied at the check and put back."""
+        import torch
+
+        if not getattr(self, "_same_self", False) or not isinstance(receiver, ast.Attribute):
+            return False
+        values = self._self_values(receiver.attr, ctx) if self_attribute(receiver) is not None else []
+        return bool(values) and all(isinstance(v, torch.Tensor) for v in values)
+
     @contextlib.contextmanager
-    def _scanning(self, fdef: Any, filename: str) -> Iterator[None]:
+    def _scanning(self, fdef: Any, filename: str, same_self: bool | None = None) -> Iterator[None]:
         previous, self._scope = getattr(self, "_scope", None), (fdef, filename)
+        previous_self = getattr(self, "_same_self", False)
+        if same_self is not None:
+            self._same_self = same_self
         try:
             yield
         finally:
-            self._scope = previous
+            self._scope, self._same_self = previous, previous_self
 
     def _self_values(self, attr: str, ctx: RewriteContext) -> list:
         """What ``self.<attr>`` can be in the function being scanned: the
@@ -284,8 +347,90 @@ class StateScan:
         owners = [m for m in ctx.model.modules() if _runs(type(m), fdef.name, line, filename)]
         return ctx.attribute_values(attr, owners or None)
 
+    def _fresh(
+        self, fdef: Any, namespace: dict, ctx: RewriteContext, depth: int, params: frozenset[str] = frozenset()
+    ) -> set[str]:
+        """``fdef``'s fresh locals (analysis.aliasing), with a call to the
+        model's own code judged by what that code returns."""
+
+        def call_fresh(call: ast.Call, index: int | None, is_fresh: Any) -> bool:
+            return self._call_fresh(call, index, is_fresh, namespace, ctx, depth)
+
+        return fresh_locals(fdef, params, call_fresh)
+
+    def _call_fresh(
+        self, call: ast.Call, index: int | None, is_fresh: Any, namespace: dict, ctx: RewriteContext, depth: int
+    ) -> bool:
+        """Whether ``call``'s result (element ``index`` of it) is a new value:
+        a torch op's is unless it may return its input (dropout, identity); a
+        module's or helper's when each value it returns is made in it or is an
+        argument the call passes fresh."""
+        func = call.func
+        attr = self_attribute(func)
+        if attr is not None:
+            values, bound = self._self_values(attr, ctx), _bound_through_self(ctx, attr)
+        elif isinstance(func, ast.Name):
+            target = namespace.get(func.id, getattr(builtins, func.id, None))
+            values, bound = ([target] if target is not None else self._loop_values(func.id, ctx)), False
+        elif isinstance(func, ast.Attribute) and not is_super_call(func.value):  # a torch op, a tensor method
+            return not may_return_input(func.attr) or all(map(is_fresh, call.args))  # F.dropout(h): as h
+        else:
+            return False  # `super().forward(h)`, a call of a call: what it returns is not known
+        if not values:
+            return attr is not None and _none_everywhere(ctx, attr)  # calling None raises: nothing is returned
+        if depth >= self.max_depth + 4:  # the scan may be at its limit: returns are followed further
+            return False
+        return all(self._returns_fresh(v, call, index, is_fresh, ctx, depth, bound) for v in values if callable(v))
+
+    def _returns_fresh(
+        self, value: Any, call: ast.Call, index: int | None, is_fresh: Any, ctx: RewriteContext, depth: int,
+        bound: bool | None,
+    ) -> bool:
+        import inspect
+
+        import torch
+
+        if isinstance(value, torch.nn.Module) and type(value).__module__.startswith("torch.nn"):
+            if isinstance(value, torch.nn.Sequential):
+                return any(self._returns_fresh(m, call, None, lambda _: False, ctx, depth, True) for m in value) or all(
+                    map(is_fresh, call.args)
+                )
+            aliasing = may_return_input(type(value).__name__) or getattr(value, "inplace", False)
+            return not aliasing or all(map(is_fresh, call.args))
+        if isinstance(value, torch.nn.Module):
+            value, bound = type(value).forward, True
+        elif inspect.ismethod(value):
+            value, bound = value.__func__, True
+        code = getattr(value, "__code__", None)
+        if code is None or getattr(value, "__module__", "").startswith("torch"):
+            if any(value is getattr(builtins, name) for name in ("max", "min", "getattr", "next")):
+                return False  # one of its arguments, or an attribute
+            if isinstance(value, type) or not may_return_input(getattr(value, "__name__", "")):
+                return True
+            return all(map(is_fresh, call.args))  # `dropout(h)` imported by name: as h
+        fdef = definition_of(code)
+        if fdef is None or bound is None:
+            return False
+        key = ("returns", id(code), index, tuple(map(is_fresh, call.args)), tuple(is_fresh(k.value) for k in call.keywords))
+        if key not in self._scanned:
+            self._scanned[key] = False  # recursion: not proven
+            with self._scanning(fdef, code.co_filename):
+                inner = lambda c, i, f: self._call_fresh(c, i, f, value.__globals__, ctx, depth + 1)  # noqa: E731
+                self._scanned[key] = result_fresh(fdef, call, index, is_fresh, inner, bound=bound)
+        return bool(self._scanned[key])
+
+    def _loop_values(self, name: str, ctx: RewriteContext) -> list:
+        """``for layer in self.layers``: the items ``layer`` takes, in the function being scanned."""
+        current = getattr(self, "_scope", None)
+        for loop in ast.walk(current[0]) if current is not None else ():
+            attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
+            if attr is not None:
+                return [item for value in self._self_values(attr, ctx) for item in _items(value)]
+        return []
+
     def _local_callable(
-        self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None
+        self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None,
+        site: tuple[ast.Call, set[str]] | None = None,
     ) -> str | None:
         """``for layer in self.layers: ... layer(h)``: the modules the loop yields;
         a function defined inside the function being scanned: its body."""
@@ -301,7 +446,10 @@ class StateScan:
                 key = id(nested[0])
                 if key not in self._scanned:
                     self._scanned[key] = None
-                    reason = self._mutation_in(nested[0], _fresh_locals(nested[0]), namespace or {}, ctx, depth + 1)
+                    saved, self._same_self = getattr(self, "_same_self", False), False
+                    local = self._fresh(nested[0], namespace or {}, ctx, depth + 1)
+                    reason = self._mutation_in(nested[0], local, namespace or {}, ctx, depth + 1)
+                    self._same_self = saved
                     self._scanned[key] = f"{name}: {reason}" if reason else None
                 return self._scanned[key]
             reason = self._nested_parameter(name, current[0], ctx, depth, namespace)
@@ -313,7 +461,7 @@ class StateScan:
             if attr is not None:
                 values = self._self_values(attr, ctx)
                 if values:
-                    return self._modules_effects(values, f"{name}(...)", ctx, depth)
+                    return self._modules_effects(values, f"{name}(...)", ctx, depth, site)
         return f"calls the local `{name}(...)`, which could not be resolved"
 
     def _modules_effects(
@@ -328,38 +476,43 @@ class StateScan:
             if not isinstance(value, torch.nn.Module):
                 if hasattr(value, "__code__"):
                     fresh: frozenset[str] = frozenset()
-                    if site is not None and attr is not None:
-                        bound = _bound_through_self(ctx, attr)
-                        if bound is not None:
-                            fresh, _ = _arguments(site[0], value, site[1], bound=bound)
-                    reason = self._function_effects(value, label, ctx, depth, fresh)
+                    bound = _bound_through_self(ctx, attr) if attr is not None else None
+                    if site is not None and bound is not None:
+                        fresh, _ = fresh_arguments(site[0], value, site[1], bound=bound)
+                    reason = self._function_effects(value, label, ctx, depth, fresh, same_self=bound is True)
                     if reason:
                         return reason
                     continue
                 if self.assume_eval and pure_torch_builtin(value):
                     continue
                 return f"calls `{label}`, which is not a module or a Python function"
+            called = list(value.children()) if is_layer(value, frozenset({"ModuleList", "ModuleDict"})) else [value]
             for module in value.modules():
                 cls = type(module)
                 if is_layer(module, STATELESS_LAYERS | STATELESS_CONTAINERS):
                     continue
                 if depth >= self.max_depth:
                     return f"calls `{label}` ({cls.__name__}), too deep to check"
-                if id(cls) in self._scanned:
-                    if self._scanned[id(cls)]:
-                        return self._scanned[id(cls)]
-                    continue
-                self._scanned[id(cls)] = None
                 forward = getattr(cls, "forward", None)
                 code = getattr(forward, "__code__", None)
                 fdef = definition_of(code) if code is not None else None
                 if fdef is None:
                     return f"calls `{label}` ({cls.__name__}), whose forward source was not found"
-                with self._scanning(fdef, code.co_filename):
-                    reason = self._mutation_in(fdef, _fresh_locals(fdef), forward.__globals__, ctx, depth + 1)
+                fresh = frozenset()
+                if site is not None and any(module is c for c in called):
+                    fresh, _ = fresh_arguments(site[0], forward, site[1], bound=True)
+                key = (id(cls), fresh) if fresh else id(cls)
+                if key in self._scanned:
+                    if self._scanned[key]:
+                        return self._scanned[key]
+                    continue
+                self._scanned[key] = None
+                with self._scanning(fdef, code.co_filename, same_self=False):
+                    local = self._fresh(fdef, forward.__globals__, ctx, depth + 1, fresh)
+                    reason = self._mutation_in(fdef, local, forward.__globals__, ctx, depth + 1)
                 if reason:
-                    self._scanned[id(cls)] = f"{cls.__name__}.forward: {reason}"
-                    return self._scanned[id(cls)]
+                    self._scanned[key] = f"{cls.__name__}.forward: {reason}"
+                    return self._scanned[key]
         return None
 
 
@@ -384,11 +537,14 @@ def _none_everywhere(ctx: RewriteContext, attr: str) -> bool:
     return bool(holders) and all(vars(m)[attr] is None for m in holders)
 
 
-_VIEW_METHODS = frozenset(
-    {"view", "view_as", "reshape", "transpose", "permute", "flatten", "squeeze", "unsqueeze", "expand", "expand_as",
-     "narrow", "select", "detach", "t", "contiguous", "to", "as_strided", "unflatten", "split", "chunk", "unbind",
-     "movedim", "swapaxes", "diagonal", "real", "imag", "type", "float", "half", "double", "long", "int", "bool"}
-)
+def _items(value: Any) -> list:
+    import torch
+
+    if isinstance(value, (torch.nn.ModuleList, torch.nn.Sequential, list, tuple)):
+        return list(value)
+    if isinstance(value, (torch.nn.ModuleDict, dict)):
+        return list(value.values())
+    return [value]
 
 
 def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
@@ -411,94 +567,6 @@ def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
     if kinds == {"method"}:
         return True
     return None
-
-
-def _arguments(
-    call: ast.Call, fn: Any, local: set[str], *, bound: bool
-) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
-    """What the call passes the callee: the parameters that receive one of the
-    caller's fresh locals (in-place changes to them change nothing the
-    caller's caller can see), and (parameter, attr) for each argument passed as
-    ``self.<attr>`` (a method or module the callee may call through it).
-    Positional arguments up to a ``*args``, and keywords naming a parameter."""
-    fdef = definition_of(fn.__code__) if hasattr(fn, "__code__") else None
-    if fdef is None:
-        return frozenset(), frozenset()
-    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
-    if bound:
-        params = params[1:]
-    pairs = []
-    for index, arg in enumerate(call.args):
-        if isinstance(arg, ast.Starred) or index >= len(params):
-            break
-        pairs.append((params[index], arg))
-    named = {a.arg for a in fdef.args.args + fdef.args.kwonlyargs}
-    pairs += [(k.arg, k.value) for k in call.keywords if k.arg in named]
-    fresh = frozenset(p for p, arg in pairs if isinstance(arg, ast.Name) and arg.id in local)
-    callables = frozenset((p, self_attribute(arg)) for p, arg in pairs if self_attribute(arg) is not None)
-    return fresh, callables
-
-
-def _fresh_locals(fdef: Any, fresh_params: frozenset[str] = frozenset()) -> set[str]:
-    """Locals that hold values the function made itself (results of calls and
-    arithmetic), never a parameter, an attribute or a view of one: mutating
-    them in place changes nothing outside the function. ``fresh_params``:
-    parameters every caller passes such a value (they count as made here)."""
-    params = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}
-    for extra in (fdef.args.vararg, fdef.args.kwarg):
-        if extra is not None:
-            params.add(extra.arg)
-    values: dict[str, list[ast.AST | None]] = {}
-    for node in ast.walk(fdef):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    values.setdefault(target.id, []).append(node.value)
-                else:
-                    for sub in ast.walk(target):
-                        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                            values.setdefault(sub.id, []).append(None)  # unpacked: unknown origin
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
-            values.setdefault(node.target.id, []).append(getattr(node, "value", None))
-        elif isinstance(node, (ast.For, ast.With, ast.NamedExpr, ast.comprehension)):
-            for sub in ast.walk(getattr(node, "target", None) or ast.Pass()):
-                if isinstance(sub, ast.Name):
-                    values.setdefault(sub.id, []).append(None)
-
-    # The greatest fixpoint: assume every assigned name fresh, then drop names
-    # with a definition that is not (a parameter, an attribute, a view of a
-    # dropped name) until nothing changes. `x = x.view(...)` keeps x fresh when
-    # its other definitions are.
-    fresh: set[str] = {name for name in values if name not in params or name in fresh_params} | set(fresh_params)
-
-    def fresh_expr(node: ast.AST) -> bool:
-        if isinstance(
-            node,
-            (ast.BinOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set,
-             ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.JoinedStr),
-        ):
-            return True  # a new value (a container's items are not mutated through it here)
-        if isinstance(node, ast.IfExp):
-            return fresh_expr(node.body) and fresh_expr(node.orelse)
-        if isinstance(node, ast.Name):
-            return node.id in fresh
-        if isinstance(node, ast.Subscript):
-            return fresh_expr(node.value)
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and func.attr in _VIEW_METHODS:
-                return fresh_expr(func.value)  # a view shares its receiver's storage
-            return True  # a call's result is a new value (module outputs, torch ops, ...)
-        return False
-
-    changed = True
-    while changed:
-        changed = False
-        for name in sorted(fresh):
-            if name in values and not all(v is not None and fresh_expr(v) for v in values[name]):
-                fresh.discard(name)
-                changed = True
-    return fresh
 
 
 def _own_attrs(cls: type) -> set[str]:

@@ -334,6 +334,6 @@ class Speculation:
                 copy.deepcopy(exc),
                 Substitute(env).visit(copy.deepcopy(args)),
             ],
-            keywords=[],
+            keywords=copy.deepcopy(call.keywords),  # keep=: attributes put back when it raises
         )
         return ast.Expr(value=regated)

@@ -7,6 +7,11 @@ A check that raises on tensor values:
 * ``if not torch.equal(a, b): raise ...``;
 * ``assert <tensor test>, message`` and ``torch._assert(<tensor test>, message)``.
 
+A check in a branch of an ``if`` that the example inputs did not take is
+rewritten ahead (``Trap.ahead``), in a function that breaks elsewhere: its
+branch can then be predicated by [Where], which fires the trap only when the
+branch would have run.
+
 ## Why the original breaks
 Deciding whether to raise turns a tensor into a Python bool (GB0170; GB0033
 for ``torch._assert``). A literal-message ``assert`` does compile, but then
@@ -45,10 +50,16 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
   too;
 - state changes follow the check in the forward (stores to attributes,
   in-place ops, cache updates, modules whose code does either): the original
-  would have stopped before them, the compiled graph would not. A print to
-  stdout / stderr, ``warnings.warn`` or a call on a known logger is not one:
-  the runtime performs pending records, and so raises a set trap, before any
-  such effect that was not deferred.
+  would have stopped before them, the compiled graph would not. Not a reason:
+  a print to stdout / stderr, ``warnings.warn`` or a call on a known logger
+  (the runtime performs pending records, and so raises a set trap, before any
+  such effect that was not deferred); an in-place change of a tensor the
+  forward made itself (``analysis.aliasing``: not one a module or helper may
+  hand back as it was given, ``nn.Identity``'s); and stores to the check's own
+  ``self`` (``self.count = ...``, ``self.buf.add_(...)``, in its function or a
+  method it calls through ``self``): the trap records those attributes (and a
+  copy of such a tensor's data) at the check, ``keep=(self, names, tensors)``,
+  and puts them back before it raises.
 
 ## Fix safety
 On CPU the exception, its message and the effects before it are exact. The
@@ -113,9 +124,16 @@ class Trap(Rule):
         for arg in deferred_args if not isinstance(stmt, ast.Expr) else []:
             for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
-        mutation = StateScan().after(stmt, ctx)
+        scan = StateScan()
+        mutation = scan.after(stmt, ctx)
         if mutation:
             raise Decline(f"state changes after the check would now happen before it raises: {mutation}")
+        keep = []
+        if scan.undo or scan.undo_data:  # `self.count = ...`, `self.buf.add_(v)` after the check
+            names = [ast.Tuple(elts=[ast.Constant(a) for a in sorted(part)], ctx=ast.Load()) for part in (scan.undo, scan.undo_data)]
+            keep = [ast.keyword(arg="keep", value=ast.Tuple(elts=[ast.Name(id="self", ctx=ast.Load()), *names], ctx=ast.Load()))]
+            changed = [f"self.{a}" for a in sorted(scan.undo)] + [f"self.{a}'s data" for a in sorted(scan.undo_data)]
+            ctx.notes.append(f"what the code after the check changes ({', '.join(changed)}) is put back when it raises")
         name = ctx.fresh("c")
         site = ctx.site(stmt)
         flag: ast.expr = ast.Name(id=name, ctx=ast.Load())
@@ -124,7 +142,7 @@ class Trap(Rule):
         trap_call = ast.Call(
             func=ctx.runtime("trap"),
             args=[site, flag, exc_node, ast.Tuple(elts=deferred_args, ctx=ast.Load())],
-            keywords=[],
+            keywords=keep,
         )
         guards: list[ast.expr] = []
         add_guards(empty, ctx, guards)  # an empty tensor the message reduces: the original check
@@ -164,6 +182,19 @@ class Trap(Rule):
         return stmt
 
     # -- matching ----------------------------------------------------------------
+
+    def ahead(self, fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> list[int]:
+        """Checks in a branch of an ``if`` that the example inputs did not
+        reach: trapped first, [Where] can compute the branch on every call."""
+        lines = []
+        for node in ast.walk(fdef):
+            for stmt in node.body + node.orelse if isinstance(node, ast.If) else []:
+                try:
+                    self._match(stmt)
+                except Decline:
+                    continue
+                lines.append(stmt.lineno)
+        return lines
 
     @staticmethod
     def _match(stmt: ast.stmt) -> tuple[ast.expr, bool, ast.expr, list[ast.expr], bool]:

@@ -16,8 +16,9 @@ effect at once, exactly as the original code did, so an eager call of a
 mended function behaves like the original.
 
 Dynamo traces these functions: the record is a new cell of a linked list whose tensors
-become graph outputs, so the compiled region has no break. Regions are
-serialised by one process-wide lock: records of two threads can never mix.
+become graph outputs, so the compiled region has no break. It never compiles
+one as a frame of its own (``skip_frames``). Regions are serialised by one
+process-wide lock: records of two threads can never mix.
 
 **Effects that were not deferred.** A print, warning or log call that no
 rule rewrote (a callee's, on a path the example inputs did not take; a
@@ -82,8 +83,10 @@ from graphmend.runtime.records import (
     _perform_call,
     _print_now,
     _resolve,
+    _snap,
     _warn_now,
     flush,
+    kept_attributes,
 )
 from graphmend.runtime.regions import (
     _ENABLED,
@@ -100,6 +103,7 @@ from graphmend.runtime.regions import (
     exclusive,
     region,
     register_log_site,
+    skip_frames,
 )
 
 API_VERSION = 1
@@ -129,20 +133,6 @@ def _refuse_export(site: Site, what: str, why: str) -> None:
 
 # --------------------------------------------------------------------------
 # snapshots and deferred formatting (traced by Dynamo)
-
-
-def _snap(value: Any) -> Any:
-    if isinstance(value, torch.nn.Parameter):
-        return value  # a clone would print as a plain tensor
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if type(value) is tuple:
-        return tuple([_snap(v) for v in value])
-    if type(value) is list:
-        return [_snap(v) for v in value]
-    if type(value) is dict:
-        return {k: _snap(v) for k, v in value.items()}
-    return value
 
 
 def fstr(*parts: Any) -> Any:
@@ -538,11 +528,10 @@ def gate(taken: Any, flag: Any) -> Any:
     return bool(taken) and bool(flag)
 
 
-def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
-    """``if flag: raise exc_type(*args)``, deferred to the end of the region.
-
-    Effects recorded before it are performed; those recorded after it are
-    not (the eager code would not have reached them)."""
+def trap(site: Site, flag: Any, exc_type: Any, args: tuple, keep: Any = None) -> None:
+    """``if flag: raise exc_type(*args)``, deferred to the end of the region:
+    effects recorded before it are performed, those after it are not, and
+    ``keep``'s attributes, (obj, names), are put back as they are now."""
     if torch.compiler.is_exporting():
         _export_trap(site, flag, exc_type, args)
         return
@@ -550,7 +539,7 @@ def trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
         if bool(flag):
             raise exc_type(*_resolve(args))
         return
-    _push(Trap(site, flag, exc_type, _snap(args)))
+    _push(Trap(site, flag, exc_type, _snap(args), kept_attributes(keep)))
 
 
 def _export_trap(site: Site, flag: Any, exc_type: Any, args: tuple) -> None:
@@ -598,3 +587,4 @@ __all__ = [
     "tensor_and", "tensor_or", "tensor_not", "gate", "trap", "trappable", "nonempty", "warn", "grad_free",
     "grad_gate", "has_dims", "predicable_with_grad", "select", "item_of",
 ]
+skip_frames()

@@ -67,12 +67,36 @@ class Warn(NamedTuple):
 
 
 class Trap(NamedTuple):
-    """``if flag: raise exc_type(*args)``; ``flag`` a 0-dim bool tensor."""
+    """``if flag: raise exc_type(*args)``; ``flag`` a 0-dim bool tensor.
+    ``kept``: (obj, name, had, value) per attribute the code after the check
+    stores, as it was at the check: put back before it raises."""
 
     site: Site
     flag: Any
     exc_type: Any
     args: tuple
+    kept: tuple = ()
+
+
+def kept_attributes(keep: Any) -> tuple:
+    """``keep``, (obj, names, tensor names) or None: each attribute as it is
+    now, and a copy of each tensor's data (Trap.kept)."""
+    if keep is None:
+        return ()
+    obj, names, data = keep
+    kept = [(obj, name, hasattr(obj, name), getattr(obj, name, None)) for name in names]
+    return tuple(kept + [(getattr(obj, name), None, True, getattr(obj, name).detach().clone()) for name in data])
+
+
+def _put_back(kept: tuple) -> None:
+    for obj, name, had, value in reversed(kept):
+        if name is None:  # obj is a tensor changed in place
+            with torch.no_grad():
+                obj.copy_(value)
+        elif had:
+            setattr(obj, name, value)
+        elif hasattr(obj, name):
+            delattr(obj, name)
 
 
 class Guess(NamedTuple):
@@ -88,6 +112,20 @@ class Observed(NamedTuple):
 
     site: Site
     value: Any
+
+
+def _snap(value: Any) -> Any:
+    if isinstance(value, torch.nn.Parameter):
+        return value  # a clone would print as a plain tensor
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) is tuple:
+        return tuple([_snap(v) for v in value])
+    if type(value) is list:
+        return [_snap(v) for v in value]
+    if type(value) is dict:
+        return {k: _snap(v) for k, v in value.items()}
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -250,5 +288,6 @@ def flush(records: list) -> None:
         elif kind is Warn:
             _warn_explicit(record.site, _resolve(record.args), _resolve(record.kwargs))
         elif kind is Trap and bool(record.flag):
+            _put_back(record.kept)  # what the code after the check stored: eager never reached it
             raise record.exc_type(*_resolve(record.args)) from None
         # Guess and Observed were checked before the flush (regions.region)

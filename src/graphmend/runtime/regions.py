@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import threading
+import types
 import warnings
 from typing import Any, Iterator
 
@@ -285,8 +286,8 @@ def _recording() -> bool:
     if torch.compiler.is_exporting():
         return False  # torch.export: nothing is recorded (see "Export" in the module doc)
     if _STATE.sink is None:
-        if _traced():
-            _note_unguarded()
+        if _traced() or torch._C._dynamo.eval_frame.get_eval_frame_callback() is not None:
+            _note_unguarded()  # traced, or called by compiled code after a break (skip_frames)
         return False
     if not _traced() and _STATE.owner != threading.get_ident():
         return False  # an eager call from another thread: not this region's effect
@@ -310,6 +311,26 @@ def _compiling_here() -> bool:
 
 def _push(record: tuple) -> None:
     _STATE.sink = _Cell(record, _STATE.sink)
+
+
+def skip_frames() -> None:
+    """Dynamo compiles a function as a frame of its own when eager code calls
+    it (a mended function resumed after a graph break): each runtime call there
+    would be a small graph, guarded on its constant arguments (one recompile per
+    site). The runtime's functions and methods run as they are there; traced
+    code still inlines them."""
+    package = __name__.rsplit(".", 1)[0]
+    modules = [m for name, m in list(sys.modules.items()) if name == package or name.startswith(package + ".")]
+    for module in modules:
+        for value in list(vars(module).values()):
+            for fn in vars(value).values() if isinstance(value, type) else [value]:
+                fn = getattr(fn, "__func__", fn)  # a staticmethod's or classmethod's function
+                if isinstance(fn, types.FunctionType) and fn.__module__.startswith(package):
+                    codes = [fn.__code__]
+                    while codes:  # with the generator expressions and lambdas in it
+                        code = codes.pop()
+                        torch._dynamo.eval_frame.skip_code(code)
+                        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
 
 
 # --------------------------------------------------------------------------
