@@ -213,3 +213,11 @@ def defs_containing(tree: ast.AST, line: int) -> list[ast.FunctionDef | ast.Asyn
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno)
     ]
     return sorted(out, key=lambda n: n.lineno, reverse=True)
+
+
+def inside_try(fdef: ast.AST, stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` sits in the body of a ``try`` of ``fdef`` (a handler could catch what it raises)."""
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Try) and any(stmt is n for b in node.body for n in ast.walk(b)):
+            return True
+    return False

@@ -50,6 +50,7 @@ from graphmend.analysis.purity import (
 from graphmend.analysis.source import (
     definition_of,
     first_line,
+    inside_try,
     module_namespace,
     parse_file,
     statement_in,
@@ -69,6 +70,7 @@ class StateScan:
         from graphmend.analysis.facts import path_to
 
         self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
+        self._returns: dict[tuple, bool] = {}  # (callee, element, arguments' freshness) -> whether it returns new
         self._scope: tuple[Any, str] | None = (ctx.fdef, ctx.filename)  # the function being scanned
         self.undo: set[str] = set()  # attributes of the check's `self` stored after it (put back if it raises)
         self.undo_data: set[str] = set()  # its tensors changed in place after it (their data put back)
@@ -106,7 +108,7 @@ class StateScan:
         scanner = cls()
         scanner.assume_eval = True
         scanner.max_depth = 12
-        scanner._scanned = {}
+        scanner._scanned, scanner._returns = {}, {}
         with scanner._scanning(fdef, filename):
             return scanner._mutation_in(fdef, scanner._fresh(fdef, namespace, ctx, 0), namespace, ctx, 0)
 
@@ -386,6 +388,10 @@ class StateScan:
         self, value: Any, call: ast.Call, index: int | None, is_fresh: Any, ctx: RewriteContext, depth: int,
         bound: bool | None,
     ) -> bool:
+        """What ``value``, one thing the call may call, returns: a torch layer's
+        output is new unless the layer may hand back its input (Identity,
+        dropout, ``inplace=True``; a Sequential holding only such layers); a
+        Python function's or a module's forward is read (``result_fresh``)."""
         import inspect
 
         import torch
@@ -411,13 +417,17 @@ class StateScan:
         fdef = definition_of(code)
         if fdef is None or bound is None:
             return False
-        key = ("returns", id(code), index, tuple(map(is_fresh, call.args)), tuple(is_fresh(k.value) for k in call.keywords))
-        if key not in self._scanned:
-            self._scanned[key] = False  # recursion: not proven
+        namespace = value.__globals__
+
+        def inner(c: ast.Call, i: int | None, f: Any) -> bool:  # the callee's own calls
+            return self._call_fresh(c, i, f, namespace, ctx, depth + 1)
+
+        key = (id(code), index, tuple(map(is_fresh, call.args)), tuple(is_fresh(k.value) for k in call.keywords))
+        if key not in self._returns:
+            self._returns[key] = False  # recursion: not proven
             with self._scanning(fdef, code.co_filename):
-                inner = lambda c, i, f: self._call_fresh(c, i, f, value.__globals__, ctx, depth + 1)  # noqa: E731
-                self._scanned[key] = result_fresh(fdef, call, index, is_fresh, inner, bound=bound)
-        return bool(self._scanned[key])
+                self._returns[key] = result_fresh(fdef, call, index, is_fresh, inner, bound=bound)
+        return self._returns[key]
 
     def _loop_values(self, name: str, ctx: RewriteContext) -> list:
         """``for layer in self.layers``: the items ``layer`` takes, in the function being scanned."""
@@ -514,14 +524,6 @@ class StateScan:
                     self._scanned[key] = f"{cls.__name__}.forward: {reason}"
                     return self._scanned[key]
         return None
-
-
-def inside_try(fdef: ast.AST, stmt: ast.stmt) -> bool:
-    """Whether ``stmt`` sits in the body of a ``try`` of ``fdef`` (a handler could catch what it raises)."""
-    for node in ast.walk(fdef):
-        if isinstance(node, ast.Try) and any(stmt is n for b in node.body for n in ast.walk(b)):
-            return True
-    return False
 
 
 _UNRESOLVED = object()  # a lookup that found nothing (None means: found, and clean)

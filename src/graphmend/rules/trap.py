@@ -75,6 +75,7 @@ import copy
 
 from graphmend.analysis.facts import FunctionFacts, bound_before
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
+from graphmend.analysis.source import inside_try
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._predicate import (
     add_guards,
@@ -83,7 +84,7 @@ from graphmend.rules._predicate import (
     lower,
     needs_runtime,
 )
-from graphmend.rules._state import StateScan, _own_attrs, inside_try
+from graphmend.rules._state import StateScan, _own_attrs
 from graphmend.rules.defer import Defer
 
 
