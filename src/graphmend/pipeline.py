@@ -11,6 +11,7 @@ run alone on one.
     speculation.speculate          [Speculate] on the .item() sites still breaking (passes/speculation.py)
     held.guard_held_asserts        records kept safe from asserts that fail in the graph (passes/held.py)
     verification.verify            the mended model against the original, bisected on a difference
+    verification.verify_capture    with capture flags kept, the same compiled with them; dropped on a difference
     never_worse.never_worse        taken back until no more graphs, recompiles or abandoned frames
     memos.prefill                  hoisted memo attributes set now (passes/memos.py)
     capturing.credit               sites capture removed, credited to its rule
@@ -137,6 +138,7 @@ PASSES: tuple[Callable[[Session], None], ...] = (
     speculation.speculate,
     held.guard_held_asserts,
     verification.verify,
+    verification.verify_capture,
     never_worse.never_worse,
     memos.prefill,
     capturing.credit,

@@ -223,6 +223,53 @@ def test_capture_kept_when_it_removes_breaks(cls, flag):
     assert report.to_dict()["capture"] == {"flags": [flag], "decision": report.capture.notes}
 
 
+@pytest.mark.parametrize("dtype, expr", [(torch.float32, "zuf0 <= 100.0"), (torch.int64, "u0 <= 100")], ids=["float", "int"])
+def test_capture_refused_when_an_assert_tests_the_captured_scalar(dtype, expr):
+    """Captured, the assert would be dropped (a float) or raise RuntimeError (an int);
+    refused, graphmend.compile raises eager's AssertionError on a value that fails it."""
+    model = S.ItemAssertedLater(dtype)
+    compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(S.item_inputs(),))
+    bad = S.item_inputs() + 1000
+    assert run(model, bad).exception == ("AssertionError", "too large")
+    assert run(compiled, bad).exception == ("AssertionError", "too large")
+    for x in (S.item_inputs(seed=2), S.item_inputs(seed=3)):
+        assert bits_equal(run(model, x).output, run(compiled, x).output)
+    report = compiled.report
+    lines, first = inspect.getsourcelines(S.ItemAssertedLater.forward)
+    read = first + next(i for i, line in enumerate(lines) if ".item()" in line)
+    assert report.capture.flags == ()
+    assert report.capture.notes == [
+        f"{SCALAR}: graphs 2 -> 1, recompiles 0 -> 0; refused: an assert tests a captured scalar (`{expr}` (the value "
+        f"read at scalars.py:{read})): compiled, it would raise RuntimeError (an int) or not at all (a float) where eager "
+        "raises AssertionError"
+    ]
+
+
+def test_capture_alone_is_verified_compiled_and_dropped_on_a_difference(monkeypatch):
+    """Nothing rewritten, a flag kept: the model runs compiled with it against eager
+    (verified); a difference there drops the flag, and the site breaks again."""
+    report = graphmend.mend(S.ItemKept(), S.item_inputs())
+    assert report.capture.flags == (SCALAR,) and report.verified is True and report.after.graphs == 1
+    graphmend.unmend()
+    from graphmend.rewrite import session
+
+    seen = []
+
+    def differs(self, baseline, compiled=None):
+        seen.append(compiled)
+        return ["output: a made-up difference"] if compiled else []
+
+    monkeypatch.setattr(session.Session, "differences_from", differs)
+    report = graphmend.mend(S.ItemKept(), S.item_inputs())
+    assert seen == [(SCALAR,)]
+    assert report.capture.flags == () and report.after.graphs == 2
+    assert report.capture.notes[-1] == (
+        f"{SCALAR}: dropped, verification under torch.compile found a difference: output: a made-up difference"
+    )
+    (site,) = report.outcomes
+    assert site.status == "declined"
+
+
 def test_item_in_control_flow_declined_and_capture_refused():
     model = S.ItemControl()
     report = graphmend.mend(model, S.item_inputs())
@@ -279,6 +326,7 @@ def test_capture_not_measured_when_scalar_rule_is_off():
 def _trial(flags, graphs, recompiles=0, skipped=0, error=None):
     class _Report:
         sites = []
+        scalar_asserts = []
 
     return Trial(tuple(flags), graphs, recompiles, skipped, error, _Report())
 

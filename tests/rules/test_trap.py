@@ -488,6 +488,58 @@ def test_distributed_data_parallel_traps_unless_it_broadcasts_buffers_after_the_
         dist.destroy_process_group()
 
 
+def _seeded(cls):
+    torch.manual_seed(0)
+    return cls()
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_an_item_compared_in_an_assert_is_trapped_as_a_tensor_test(grad):
+    reference, model = _seeded(G.ItemAssert), _seeded(G.ItemAssert)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(GOOD,))
+    for x in (GOOD, BAD, GOOD * 0.5, BAD):
+        a, b = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            expected, got = run(reference, a), run(compiled, b)
+        assert got.exception == expected.exception and got.effects() == expected.effects()
+        if expected.exception is None:
+            assert torch.equal(expected.output, got.output)
+    assert run(reference, BAD).exception == ("AssertionError", "activations blew up")
+    assert [(o.rule, o.status) for o in compiled.report.outcomes] == [("trap", "applied")]
+    assert len(backend.graphs) == 1
+
+
+def test_an_item_compared_with_a_name_in_an_assert_is_trapped():
+    model = G.LengthsAssert()
+    x = torch.randn(2, 5)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(x, torch.tensor([3, 5])))
+    for lengths in ([3, 5], [3, 6], [5, 1]):
+        lengths = torch.tensor(lengths)
+        expected, got = run(model, x, lengths), run(compiled, x, lengths)
+        assert got.exception == expected.exception
+        if expected.exception is None:
+            assert torch.equal(expected.output, got.output)
+    assert run(model, x, torch.tensor([3, 6])).exception == ("AssertionError", "")
+    assert len(backend.graphs) == 1
+
+
+def test_an_item_compared_with_a_constant_not_exact_in_its_dtype_keeps_the_break():
+    """100.1 is not exact in float32: runtime.item_of reads `.item()`, as the original
+    does, and the check runs where it stands (2 graphs, as before)."""
+    reference, model = _seeded(G.ItemAssertInexact), _seeded(G.ItemAssertInexact)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(GOOD,))
+    for x in (GOOD, BAD):
+        expected, got = run(reference, x), run(compiled, x)
+        assert got.exception == expected.exception
+        if expected.exception is None:
+            assert torch.equal(expected.output, got.output)
+    assert run(reference, BAD).exception == ("AssertionError", "activations blew up")
+    assert compiled.report.after.graphs == 2
+
+
 # -- fuzz regressions ----------------------------------------------------------
 # Bugs the differential fuzzer (tests/fuzz) found in [Trap], each as the smallest
 # program that shows it; each asserts the behaviour the original has.

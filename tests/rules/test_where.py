@@ -649,6 +649,22 @@ def test_a_torch_cond_after_an_attribute_store_is_declined():
     assert result.mismatches == [], result.mismatches[:2]
 
 
+def test_an_early_return_whose_rest_stores_an_attribute_in_a_nested_if_is_declined():
+    """Found by the fuzzer (seed 22): `if h.max() > 1 and h.min() < 0: return h + s` with
+    `self.last = ...` in an `if/elif` after it. The rest was predicated with the nested if
+    as a select, and the selected `self.last` was never stored: on an input taking the
+    rest, `last` kept its earlier value in every arm. The return form now declines a
+    branch that stores an attribute anywhere in it, nested ifs included."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_early_return_rest_stores.py"), seed=44899, start=7, aot=True)
+    assert result.status == "checked"
+    assert ("where", "declined", "a branch that returns also stores an attribute") in [
+        (rule, status, r) for _, rule, status, r in result.outcomes
+    ], result.outcomes
+    assert result.mismatches == [], result.mismatches[:2]
+
+
 # -- golden table --------------------------------------------------------------
 # What [Where] makes of small sources (tests/rules/golden.py): the site is
 # marked `# <-`; each case expects exactly the function after the rewrite, or
@@ -1256,6 +1272,18 @@ GOLDEN = [
             y = x + 1
             return y * 2
         """,
+    ),
+    golden.case(
+        "early-return-whose-rest-stores-an-attribute-in-a-nested-if",
+        """
+        def f(self, x):
+            if x.max() > 2:  # <-
+                return x * 0
+            if x.mean() < 0.5:
+                self.last = x.sum()
+            return x * 2
+        """,
+        declined="a branch that returns also stores an attribute",
     ),
     golden.case(
         "early-return-when-the-function-falls-off-its-end",

@@ -15,7 +15,10 @@ for) and keeps the smallest one that
 
 * removes breaks (fewer graphs on the first call),
 * adds no recompile and abandons no more frames than without it,
-* raises nothing while tracing.
+* raises nothing while tracing,
+* leaves no Python ``assert`` testing a captured scalar: Dynamo turns it into
+  a runtime assert that raises ``RuntimeError`` (an int), or drops it (a
+  float, torch 2.13), where eager raises ``AssertionError``.
 
 The decision (a :class:`Capture`) travels with the :class:`~graphmend.pipeline.MendReport`:
 ``graphmend.compile`` and ``bench`` apply it around every call through
@@ -66,6 +69,11 @@ class Trial:
         """Why this candidate is not kept against ``base`` (None: it helps)."""
         if self.error:
             return f"tracing raised {self.error}"
+        if self.report is not None and self.report.scalar_asserts:
+            return (
+                f"an assert tests a captured scalar ({'; '.join(self.report.scalar_asserts[:3])}): compiled, it would "
+                "raise RuntimeError (an int) or not at all (a float) where eager raises AssertionError"
+            )
         if self.graphs >= base.graphs:
             return f"no fewer graphs ({base.graphs} -> {self.graphs})"
         if self.recompiles > base.recompiles:

@@ -66,6 +66,7 @@ class ExplainReport:
     calls_captured: int = 0
     sites: list[BreakSite] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    scalar_asserts: list[str] = field(default_factory=list)  # asserts on captured scalars (trace._scalar_asserts)
 
     @property
     def breaks(self) -> int:
@@ -125,6 +126,7 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
         seconds=trace.seconds,
         calls_captured=trace.calls_captured,
         sites=sites,
+        scalar_asserts=list(dict.fromkeys(a for g in trace.graphs for a in g.scalar_asserts)),
     )
     if report.gave_up:
         report.warnings.append(

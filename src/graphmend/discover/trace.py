@@ -72,6 +72,7 @@ class GraphInfo:
     compile_id: str | None
     ops: int  # call_function + call_method + call_module nodes
     asserts: tuple[tuple[str, int, str], ...] = ()  # (file, line, function) of captured asserts
+    scalar_asserts: tuple[str, ...] = ()  # asserts on captured scalars (_scalar_asserts)
 
 
 @dataclass
@@ -357,6 +358,33 @@ def _captured_asserts(gm: torch.fx.GraphModule) -> tuple[tuple[str, int, str], .
     return tuple(found)
 
 
+def _scalar_asserts(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """Python ``assert`` statements on a captured scalar (``capture_scalar_outputs``):
+    Dynamo defers them as runtime asserts on an unbacked symbol, which the
+    compiled graph raises as ``RuntimeError`` (an int) or drops (a float, on
+    torch 2.13), where eager raises ``AssertionError``. Told apart from
+    ``torch._check`` and torch's own size checks by where Dynamo made them
+    (its bytecode interpreter). Each as "`expr` (the .item() at file:line)"."""
+    context = torch._guards.TracingContext.try_get()
+    shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+    made = getattr(shape_env, "deferred_runtime_asserts", None) or {}
+    origins = {}
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and node_origin(node):
+            file, line, _ = node_origin(node)  # type: ignore[misc]
+            origins.setdefault(str(value.node.expr), f"{os.path.basename(file)}:{line}")
+    found = []
+    for asserts in made.values():
+        for ra in asserts:
+            if "symbolic_convert" not in str(getattr(ra, "msg", "")):
+                continue
+            symbols = sorted(str(s) for s in getattr(ra.expr, "free_symbols", ()))
+            where = [origins[s] for s in symbols if s in origins]
+            found.append(f"`{ra.expr}`" + (f" (the value read at {', '.join(where)})" if where else ""))
+    return tuple(found)
+
+
 def _op_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
@@ -391,7 +419,9 @@ def trace_breaks(
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         cid = torch._guards.CompileContext.current_compile_id()
-        trace.graphs.append(GraphInfo(str(cid) if cid is not None else None, _op_count(gm), _captured_asserts(gm)))
+        trace.graphs.append(
+            GraphInfo(str(cid) if cid is not None else None, _op_count(gm), _captured_asserts(gm), _scalar_asserts(gm))
+        )
         return gm.forward
 
     entry = entry_of(fn)

@@ -4,6 +4,11 @@ exceptions; rewrite/verify.py compares). On a difference every patch is
 taken off and put back one at a time, each kept only if the target still
 verifies with it (``bisect``); its sites become ``reverted`` with the
 difference.
+
+Capture flags change nothing in an eager run: with a flag kept, the mended
+model runs once more through ``torch.compile`` (eager backend) with it on
+(``verify_capture``); on a difference the flag is dropped, with the
+difference as the reason, and the sites it removed break again.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import torch
 from graphmend import runtime
 from graphmend.analysis.source import RUNTIME_NAME
 from graphmend.passes.capturing import with_capture
-from graphmend.rewrite.session import Session, SiteOutcome, Status
+from graphmend.rewrite.session import Session, SiteOutcome, Status, dropped
 
 
 def verify(session: Session) -> None:
@@ -26,6 +31,18 @@ def verify(session: Session) -> None:
         session.plain = bisect(session)
         session.current, session.capture = with_capture(session, session.plain)
         session.verified = True  # what remains installed verified on its own
+
+
+def verify_capture(session: Session) -> None:
+    if not (session.verify and session.capture.flags):
+        return
+    assert session.baseline is not None
+    diff = session.differences_from(session.baseline, compiled=session.capture.flags)
+    if diff:
+        session.capture = dropped(session.capture, "verification under torch.compile found a difference: " + "; ".join(diff[:3]))
+        session.plain = session.current = session.retrace()
+    elif session.verified is None:
+        session.verified = True  # nothing rewritten: the flags alone, verified
 
 
 def bisect(session: Session):

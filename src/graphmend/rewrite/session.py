@@ -200,9 +200,12 @@ class Session:
         when nothing is (``in_region=False``), the mended one's in a region."""
         return observe(self.target.model, self.target.args, self.target.kwargs, in_region=in_region, grad=self.grad)
 
-    def differences_from(self, baseline: Observation) -> list[str]:
-        """What the installed code does differently from ``baseline``."""
-        return compare(baseline, self.observe(in_region=True), memo_attrs=self.mending.memo_attrs)
+    def differences_from(self, baseline: Observation, compiled: tuple[str, ...] | None = None) -> list[str]:
+        """What the installed code does differently from ``baseline``; with
+        ``compiled``, run through torch.compile with those capture flags."""
+        t = self.target
+        mended = observe(t.model, t.args, t.kwargs, in_region=True, grad=self.grad, compiled=compiled)
+        return compare(baseline, mended, memo_attrs=self.mending.memo_attrs)
 
     def trial(self, flags: tuple[str, ...] = ()) -> Trial:
         return trial(self.target, self.grad, flags)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from graphmend import runtime
+from graphmend.discover.capture import patched
 from graphmend.discover.isolation import captured, random_state_kept, seed_everything
 
 _ONCE_METHODS = ("warning_once", "info_once")
@@ -128,10 +129,19 @@ def observe(
     grad: bool = False,
     copy_model: bool = True,
     seed: int = 0,
+    compiled: tuple[str, ...] | None = None,
 ) -> Observation:
-    """Run ``model(*args, **kwargs)`` eagerly on copies and record what is observable."""
+    """Run ``model(*args, **kwargs)`` eagerly on copies and record what is observable.
+
+    ``compiled``: run it through ``torch.compile`` instead (the eager backend,
+    so only Dynamo's capture differs from eager), with those capture flags on,
+    inside a region: what the kept flags do to the program as it will run."""
     obs = Observation()
     subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
+    if compiled is not None:
+        torch._dynamo.reset()
+        subject = _compiled_in(torch.compile(subject, backend="eager"), compiled)
+        in_region = False  # _compiled_in opens it
     call_args = copy.deepcopy(args)
     call_kwargs = copy.deepcopy(kwargs)
     region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
@@ -149,8 +159,23 @@ def observe(
             obs.exception = (type(exc).__qualname__, str(exc))
     obs.stdout, obs.stderr = effects.stdout.getvalue(), effects.stderr.getvalue()
     obs.records, obs.warnings = effects.records, effects.warnings
-    obs.state = module_state(subject)
+    obs.state = module_state(subject.model if compiled is not None else subject)
+    if compiled is not None:
+        torch._dynamo.reset()
     return obs
+
+
+class _compiled_in:
+    """A compiled callable run in a region with capture ``flags`` on (as
+    ``MendReport.region`` runs it); ``model`` is what it compiled."""
+
+    def __init__(self, fn: Any, flags: tuple[str, ...]) -> None:
+        self.fn, self.flags = fn, flags
+        self.model = getattr(fn, "_orig_mod", fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with runtime.region(), patched(self.flags):
+            return self.fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------

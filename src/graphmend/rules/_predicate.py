@@ -140,16 +140,18 @@ _ITEM_TESTS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
 
 
 def item_test(test: ast.expr, ctx: RewriteContext) -> ast.expr | None:
-    """``runtime.item_of(t, c) > c`` for ``t.item() > c`` (a numeric constant ``c``,
-    either side, one comparison): ``item_of`` keeps ``t`` a 0-dim tensor while
-    tracing where comparing in its dtype is exact, so the ``if`` is a tensor
-    test; else it is ``t.item()``, as written."""
+    """``runtime.item_of(t, c) > c`` for ``t.item() > c`` (``c`` a numeric constant
+    or a name, maybe negated; either side; one comparison): ``item_of`` keeps
+    ``t`` a 0-dim tensor while tracing where ``c`` is a Python number exact in
+    its dtype, so the test is a tensor test; else it is ``t.item()``, as
+    written. A name is read twice, which reading a local cannot tell."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], _ITEM_TESTS)):
         return None
     left, right = test.left, test.comparators[0]
     for item, other in ((left, right), (right, left)):
         constant = other.operand if isinstance(other, ast.UnaryOp) and isinstance(other.op, ast.USub) else other
-        if is_item_call(item) and isinstance(constant, ast.Constant) and type(constant.value) in (int, float):
+        number = isinstance(constant, ast.Constant) and type(constant.value) in (int, float)
+        if is_item_call(item) and (number or isinstance(constant, ast.Name)):
             call = ast.Call(func=ctx.runtime("item_of"), args=[copy.deepcopy(item.func.value), copy.deepcopy(other)], keywords=[])  # type: ignore[attr-defined]
             sides = [call, copy.deepcopy(other)] if item is left else [copy.deepcopy(other), call]
             out = ast.Compare(left=sides[0], ops=[copy.deepcopy(test.ops[0])], comparators=[sides[1]])

@@ -81,6 +81,7 @@ from graphmend.rules._predicate import (
     add_guards,
     deferred_blockers,
     has_boolops,
+    item_test,
     lower,
     needs_runtime,
 )
@@ -113,6 +114,7 @@ class Trap(Rule):
         test, negate, exc_node, args, is_assert = self._match(stmt)
         exc_type = self._exception_type(exc_node, ctx)
         test = _EqualToRuntime(ctx, facts).visit(copy.deepcopy(test))
+        test = _ItemTests(ctx).visit(test)
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, negate = test.operand, not negate  # `not` is applied to the flag below
         if has_boolops(test):  # lowering evaluates every operand, not just the first
@@ -245,6 +247,18 @@ class Trap(Rule):
         return value
 
     # -- what runs after the check -------------------------------------------
+
+
+class _ItemTests(ast.NodeTransformer):
+    """``t.item() <= n`` -> ``runtime.item_of(t, n) <= n``: a tensor test where
+    comparing in ``t``'s dtype is exact (``_predicate.item_test``)."""
+
+    def __init__(self, ctx: RewriteContext) -> None:
+        self.ctx = ctx
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        return item_test(node, self.ctx) or node
 
 
 class _EqualToRuntime(ast.NodeTransformer):

@@ -351,7 +351,8 @@ class Where(CondForm, TrailingCallForm, Rule):
             *setup, ret = block
             assert isinstance(ret, ast.Return) and ret.value is not None
             assignments = select.assigned(setup)
-            if any(target.startswith("self.") for target, _ in assignments):
+            # Nested ifs included: a returning form returns a value and stores nothing.
+            if any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) for s in setup for n in ast.walk(s)):
                 raise Decline("a branch that returns also stores an attribute")
             when = select.taken(conds, index, ctx)
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
