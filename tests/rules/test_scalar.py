@@ -243,6 +243,13 @@ def test_capture_refused_when_an_assert_tests_the_captured_scalar(dtype, expr):
         f"read at scalars.py:{read})): compiled, it would raise RuntimeError (an int) or not at all (a float) where eager "
         "raises AssertionError"
     ]
+    from rich.console import Console
+
+    from graphmend.tools.render import render_mend
+
+    console = Console(record=True, width=400)
+    render_mend(report, console)
+    assert "capture: " + report.capture.notes[0] in console.export_text()  # the text report says why, not only --json
 
 
 def test_capture_alone_is_verified_compiled_and_dropped_on_a_difference(monkeypatch):

@@ -5,7 +5,10 @@ A check that raises on tensor values:
 
 * ``if <tensor test>: raise SomeError(message)`` (and ``if not ...``);
 * ``if not torch.equal(a, b): raise ...``;
-* ``assert <tensor test>, message`` and ``torch._assert(<tensor test>, message)``.
+* ``assert <tensor test>, message`` and ``torch._assert(<tensor test>, message)``;
+* a test comparing ``t.item()`` with a number or a name (``assert
+  lengths.max().item() <= slen``): ``runtime.item_of`` makes it a tensor test
+  where comparing in ``t``'s dtype is exact, else reads ``.item()`` as written.
 
 A check in a branch of an ``if`` that the example inputs did not take is
 rewritten ahead (``Trap.ahead``), in a function that breaks elsewhere: its

@@ -150,6 +150,8 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
         console.print(table)
     for line in report.kept:
         console.print(Text("note: " + line, style="yellow"), soft_wrap=True)
+    for line in report.capture.notes:  # each capture setting measured: kept, or why not
+        console.print(Text("capture: " + line, style="dim"), soft_wrap=True)
     for diff in report.differences:
         console.print(Text("verification: " + diff, style="red"), soft_wrap=True)
     for warning in report.after.warnings:
