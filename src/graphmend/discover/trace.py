@@ -364,7 +364,8 @@ def _scalar_asserts(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     compiled graph raises as ``RuntimeError`` (an int) or drops (a float, on
     torch 2.13), where eager raises ``AssertionError``. Told apart from
     ``torch._check`` and torch's own size checks by where Dynamo made them
-    (its bytecode interpreter). Each as "`expr` (the .item() at file:line)"."""
+    (its bytecode interpreter). Each as "`expr` (the value read at file:line)",
+    the line of the node that made the symbol when the graph holds it."""
     context = torch._guards.TracingContext.try_get()
     shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
     made = getattr(shape_env, "deferred_runtime_asserts", None) or {}
