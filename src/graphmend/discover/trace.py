@@ -369,20 +369,20 @@ def _scalar_asserts(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     context = torch._guards.TracingContext.try_get()
     shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
     made = getattr(shape_env, "deferred_runtime_asserts", None) or {}
+    from_asserts = [ra for asserts in made.values() for ra in asserts if "symbolic_convert" in str(getattr(ra, "msg", ""))]
+    if not from_asserts:  # every trace comes here: the graph is read only when there is something to place
+        return ()
     origins = {}
     for node in gm.graph.nodes:
         value = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and node_origin(node):
-            file, line, _ = node_origin(node)  # type: ignore[misc]
-            origins.setdefault(str(value.node.expr), f"{os.path.basename(file)}:{line}")
+        origin = node_origin(node) if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
+        if origin:
+            origins.setdefault(str(value.node.expr), f"{os.path.basename(origin[0])}:{origin[1]}")
     found = []
-    for asserts in made.values():
-        for ra in asserts:
-            if "symbolic_convert" not in str(getattr(ra, "msg", "")):
-                continue
-            symbols = sorted(str(s) for s in getattr(ra.expr, "free_symbols", ()))
-            where = [origins[s] for s in symbols if s in origins]
-            found.append(f"`{ra.expr}`" + (f" (the value read at {', '.join(where)})" if where else ""))
+    for ra in from_asserts:
+        symbols = sorted(str(s) for s in getattr(ra.expr, "free_symbols", ()))
+        where = [origins[s] for s in symbols if s in origins]
+        found.append(f"`{ra.expr}`" + (f" (the value read at {', '.join(where)})" if where else ""))
     return tuple(found)
 
 

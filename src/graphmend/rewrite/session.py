@@ -195,17 +195,17 @@ class Session:
 
     # -- running the target ------------------------------------------------
 
-    def observe(self, in_region: bool) -> Observation:
+    def observe(self, in_region: bool, compiled: tuple[str, ...] | None = None) -> Observation:
         """One eager run of the target as installed: the original's behaviour
-        when nothing is (``in_region=False``), the mended one's in a region."""
-        return observe(self.target.model, self.target.args, self.target.kwargs, in_region=in_region, grad=self.grad)
+        when nothing is (``in_region=False``), the mended one's in a region;
+        with ``compiled``, through torch.compile with those capture flags."""
+        t = self.target
+        return observe(t.model, t.args, t.kwargs, in_region=in_region, grad=self.grad, compiled=compiled)
 
     def differences_from(self, baseline: Observation, compiled: tuple[str, ...] | None = None) -> list[str]:
         """What the installed code does differently from ``baseline``; with
         ``compiled``, run through torch.compile with those capture flags."""
-        t = self.target
-        mended = observe(t.model, t.args, t.kwargs, in_region=True, grad=self.grad, compiled=compiled)
-        return compare(baseline, mended, memo_attrs=self.mending.memo_attrs)
+        return compare(baseline, self.observe(in_region=True, compiled=compiled), memo_attrs=self.mending.memo_attrs)
 
     def trial(self, flags: tuple[str, ...] = ()) -> Trial:
         return trial(self.target, self.grad, flags)

@@ -138,10 +138,10 @@ def observe(
     inside a region: what the kept flags do to the program as it will run."""
     obs = Observation()
     subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
+    called = subject
     if compiled is not None:
         torch._dynamo.reset()
-        subject = _compiled_in(torch.compile(subject, backend="eager"), compiled)
-        in_region = False  # _compiled_in opens it
+        called, in_region = torch.compile(subject, backend="eager"), True
     call_args = copy.deepcopy(args)
     call_kwargs = copy.deepcopy(kwargs)
     region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
@@ -152,30 +152,17 @@ def observe(
         effects = stack.enter_context(captured())
         stack.enter_context(grad_ctx())
         try:
-            with region():
-                result = subject(*call_args, **call_kwargs)
+            with region(), patched(compiled or ()):  # the flags inside the region, as MendReport.region
+                result = called(*call_args, **call_kwargs)
             obs.output = _detach(result)
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))
     obs.stdout, obs.stderr = effects.stdout.getvalue(), effects.stderr.getvalue()
     obs.records, obs.warnings = effects.records, effects.warnings
-    obs.state = module_state(subject.model if compiled is not None else subject)
+    obs.state = module_state(subject)
     if compiled is not None:
         torch._dynamo.reset()
     return obs
-
-
-class _compiled_in:
-    """A compiled callable run in a region with capture ``flags`` on (as
-    ``MendReport.region`` runs it); ``model`` is what it compiled."""
-
-    def __init__(self, fn: Any, flags: tuple[str, ...]) -> None:
-        self.fn, self.flags = fn, flags
-        self.model = getattr(fn, "_orig_mod", fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with runtime.region(), patched(self.flags):
-            return self.fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------

@@ -134,7 +134,12 @@ from graphmend.analysis.gradients import (
     prior_reach,
     reach,
 )
-from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
+from graphmend.analysis.purity import (
+    Emptiness,
+    nonempty_names,
+    speculation_blockers,
+    stores,
+)
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
@@ -352,7 +357,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             assert isinstance(ret, ast.Return) and ret.value is not None
             assignments = select.assigned(setup)
             # Nested ifs included: a returning form returns a value and stores nothing.
-            if any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) for s in setup for n in ast.walk(s)):
+            if any(isinstance(node, ast.Attribute) for node in stores(setup)):
                 raise Decline("a branch that returns also stores an attribute")
             when = select.taken(conds, index, ctx)
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
