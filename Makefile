@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/graphmend mend demo; test $$? -le 1
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # Long-mode differential fuzzing (tests/fuzz): 5,000 generated programs by default, in
 # chunks of 100 per fresh worker process, one per core at a time;

@@ -40,6 +40,13 @@ def test_explain_table_output_has_summary(capsys):
     assert "plain_function" in out and "2 graphs, 1 break at 1 site" in out
 
 
+@pytest.mark.parametrize("command, exit_code", [("explain", 1), ("mend", 0)])
+def test_tables_show_code_with_brackets_as_written(capsys, command, exit_code):
+    code, out, _ = run(capsys, command, os.path.join(HERE, "fixtures", "brackets.py") + ":build_subscript_branch")
+    assert code == exit_code, out
+    assert "if y[mask].sum() > 1:" in out  # not read as a rich style tag: `if y.sum() > 1:`
+
+
 def test_demo_json_is_clean_despite_model_prints(capsys):
     code, out, err = run(capsys, "explain", "demo", "--json")
     assert code == 1

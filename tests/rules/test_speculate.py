@@ -69,10 +69,18 @@ def test_a_flag_that_changes_shapes_compiles_to_one_graph_and_keeps_every_output
     assert backend.graphs == graphs
 
 
-def test_a_call_that_changes_state_is_not_speculated():
+def test_a_call_that_changes_state_is_not_speculated_and_the_report_says_why():
+    from rich.console import Console
+
+    from graphmend.tools.render import render_mend
+
     report = graphmend.mend(WidenAndCount().eval(), NARROW)
     [ti] = [o for o in report.outcomes if o.category == "TI"]
-    assert ti.status == "declined" and "self.calls" in " ".join([ti.reason, *ti.notes]), ti
+    why = "[speculate] running the call again could be seen: `self.calls = ...` (line 41)"
+    assert (ti.rule, ti.status, ti.notes) == ("scalar", "declined", [why])
+    console = Console(record=True, width=1000)  # one line per row
+    render_mend(report, console)
+    assert f"{ti.reason}; {why}" in console.export_text()  # the text report shows both rules' words
 
 
 def test_an_effect_that_was_not_deferred_stops_the_guessing_run_before_it_happens():
@@ -385,6 +393,9 @@ GOLDEN = [
         "call-not-resolved",
         """
         class Model(nn.Module):
+            def __getattr__(self, name):
+                return torch.relu if name == "hook" else super().__getattr__(name)
+
             def forward(self, x):
                 wide = (x > 2).any().item()  # <-
                 return self.hook(x)
@@ -392,6 +403,76 @@ GOLDEN = [
         declined=(
             "running the call again could be seen: calls `self.hook`, which could not be resolved on the live model"
         ),
+    ),
+    golden.case(
+        "a-function-looked-up-in-a-global-table",  # transformers' ALL_MASK_ATTENTION_FUNCTIONS[...]: each value judged
+        """
+        def plain(x):
+            return x * 2
+
+        def scaled(x):
+            return x / 2
+
+        TABLE = {"plain": plain, "scaled": scaled}
+
+        class Model(nn.Module):
+            kind = "plain"
+
+            def forward(self, x):
+                wide = (x > 2).any().item()  # <-
+                fn = TABLE[self.kind]
+                return fn(x)
+        """,
+        rewritten="""
+        def forward(self, x):
+            wide = __graphmend_rt__.speculate(('golden_case', 13, 'forward'), (x > 2).any())
+            fn = TABLE[self.kind]
+            return fn(x)
+        """,
+    ),
+    golden.case(
+        "a-table-value-that-changes-state",
+        """
+        SEEN = []
+
+        def plain(x):
+            return x * 2
+
+        def remembered(x):
+            SEEN.append(x)
+            return x
+
+        TABLE = {"plain": plain, "remembered": remembered}
+
+        class Model(nn.Module):
+            def forward(self, x):
+                wide = (x > 2).any().item()  # <-
+                fn = TABLE["plain"]
+                return fn(x)
+        """,
+        declined="running the call again could be seen: remembered: `SEEN.append(...)` (line 7)",
+    ),
+    golden.case(
+        "call-of-an-attribute-the-module-lacks",  # the lookup raises AttributeError before any effect
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n_langs = 1
+
+            def forward(self, x):
+                wide = (x > 2).any().item()  # <-
+                if self.n_langs > 1:
+                    x = self.lang_embeddings(x)
+                return x
+        """,
+        rewritten="""
+        def forward(self, x):
+            wide = __graphmend_rt__.speculate(('golden_case', 7, 'forward'), (x > 2).any())
+            if self.n_langs > 1:
+                x = self.lang_embeddings(x)
+            return x
+        """,
     ),
 ]
 

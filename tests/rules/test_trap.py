@@ -540,6 +540,26 @@ def test_an_item_compared_with_a_constant_not_exact_in_its_dtype_keeps_the_break
     assert compiled.report.after.graphs == 2
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"guarded": False}, {"n_langs": 2}], ids=["absent", "absent-unguarded", "present"])
+def test_a_call_of_an_attribute_the_module_lacks_after_the_check_is_no_state_change(kwargs):
+    """XLM's `self.lang_embeddings(langs)` with one language: the lookup raises
+    AttributeError before the call does anything, so it cannot change state; where it is
+    reached, the trapped check's exception still wins when the check fails."""
+    reference, model = _seeded(lambda: G.LangEmbeddingsAbsent(**kwargs)), _seeded(lambda: G.LangEmbeddingsAbsent(**kwargs))
+    compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(GOOD,))
+    langs = torch.zeros(2, dtype=torch.long)
+    for x, lang in ((GOOD, None), (BAD, None), (GOOD, langs), (BAD, langs)):
+        expected, got = run(reference, x, lang), run(compiled, x, lang)
+        assert got.exception == expected.exception
+        if expected.exception is None:
+            assert torch.equal(expected.output, got.output)
+    assert run(reference, BAD, langs).exception == ("AssertionError", "activations blew up")
+    missing = ("AttributeError", "'LangEmbeddingsAbsent' object has no attribute 'lang_embeddings'")
+    assert run(reference, GOOD, langs).exception == (missing if kwargs == {"guarded": False} else None)
+    assert [(o.rule, o.status) for o in compiled.report.outcomes] == [("trap", "applied")]
+    assert compiled.report.after.graphs == 1
+
+
 # -- fuzz regressions ----------------------------------------------------------
 # Bugs the differential fuzzer (tests/fuzz) found in [Trap], each as the smallest
 # program that shows it; each asserts the behaviour the original has.

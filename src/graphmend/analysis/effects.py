@@ -103,6 +103,21 @@ def self_attribute(node: ast.AST) -> str | None:
     return None
 
 
+def reassigned_attribute(stmt: ast.stmt) -> str | None:
+    """``attr`` of ``self.<attr> = <expression reading self.<attr>>`` (a
+    cache refreshed from itself, category AS), else None."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return None
+    attr = self_attribute(stmt.targets[0])
+    if attr is None or isinstance(stmt.targets[0], ast.Subscript):
+        return None
+    reads = any(
+        isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and self_attribute(n) == attr
+        for n in ast.walk(stmt.value)
+    )
+    return attr if reads else None
+
+
 def loop_attribute(loop: ast.For, name: str) -> str | None:
     """The ``self`` attribute whose items the loop binds to ``name``:
     ``for name in self.X``, ``for i, name in enumerate(self.X)``,

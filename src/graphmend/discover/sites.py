@@ -15,7 +15,11 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from graphmend.analysis.effects import is_guard_if, is_side_effect_call
+from graphmend.analysis.effects import (
+    is_guard_if,
+    is_side_effect_call,
+    reassigned_attribute,
+)
 from graphmend.analysis.source import (
     calls_in,
     dotted_name,
@@ -37,6 +41,7 @@ CATEGORIES: dict[str, str] = {
     "VG": "validation guard (raise / assert on tensor values)",
     "TI": ".item() / .tolist() / scalar conversion",
     "DO": "data-dependent output shape",
+    "AS": "attribute refreshed from itself (a cache kept on the input's device or dtype)",
     "DS": "dynamic shape",
     "UNSUP": "other unsupported call",
     "OTHER": "other",
@@ -165,6 +170,8 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
         return "TI"
     if gb in _DO_IDS or "dynamic shape operator" in gb_type:
         return "DO"
+    if stmt is not None and reassigned_attribute(stmt) is not None:
+        return "AS"  # `self.x = self.x.to(...)`: the store breaks, whatever Dynamo calls it
     if "dynamic" in gb_type or "data-dependent expression" in gb_type or "symbolic" in gb_type:
         return "DS"
     if gb in ("GB0007", "GB0059") or "skipped" in gb_type or "unsupported" in gb_type:
@@ -180,7 +187,7 @@ def verdict_for(category: str) -> tuple[str | None, str]:
     return None, "out of scope: " + OUT_OF_SCOPE.get(category, OUT_OF_SCOPE["OTHER"])
 
 
-_PRIORITY = ["VG", "DC", "LC", "TI", "DO", "DS", "UNSUP", "OTHER"]
+_PRIORITY = ["VG", "DC", "LC", "TI", "DO", "AS", "DS", "UNSUP", "OTHER"]
 
 
 def _chain(event: BreakEvent, site: Frame) -> list[Frame]:

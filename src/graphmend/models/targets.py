@@ -10,6 +10,8 @@ One spelling, the same from the CLI and from Python:
     the bundled example model (``graphmend.models.demo``).
 ``zoo:NAME``
     a row of the paper's Table 2, built offline (``graphmend zoo`` lists them).
+``hf:TYPE``
+    any transformers text architecture, tiny with random weights (``tiny.py``).
 
 A model is an ``nn.Module`` or a plain function. Every failure to load or
 build a target is a :class:`~graphmend.errors.TargetError` with one line that
@@ -167,10 +169,14 @@ def load_target(spec: str) -> Target:
 
         row = spec[4:]
         return _call_factory(spec, lambda: zoo.build(row))
+    if spec.startswith("hf:"):
+        from graphmend.models import tiny
+
+        return _call_factory(spec, lambda: tiny.build(spec))
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise TargetError(
-            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo' or 'zoo:NAME'"
+            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo', 'zoo:NAME' or 'hf:TYPE'"
         )
     module = _load_file(where) if _is_path(where) else _load_module(where)
     factory = getattr(module, attr, None)

@@ -56,6 +56,7 @@ from graphmend.analysis.source import (
     statement_in,
 )
 from graphmend.rules import Decline, RewriteContext
+from graphmend.rules._live import bound_through_self, items, none_everywhere, runs
 
 
 class StateScan:
@@ -130,7 +131,7 @@ class StateScan:
         if found is None:
             return None, False
         block, index = found
-        same = bool(method) and has_self(fdef) and _bound_through_self(ctx, str(method)) is True and any(
+        same = bool(method) and has_self(fdef) and bound_through_self(ctx, str(method)) is True and any(
             isinstance(c, ast.Call) and self_attribute(c.func) == method and isinstance(c.func, ast.Attribute)
             for c in ast.walk(block[index])
         )
@@ -233,8 +234,8 @@ class StateScan:
         """A call of ``self.<attr>`` (or ``self.<attr>[i]``): what it can be on the live model."""
         values = self._self_values(attr, ctx)
         if not values:
-            if _none_everywhere(ctx, attr):
-                return None  # calling None raises before any effect
+            if none_everywhere(ctx, attr) or self._missing(attr, ctx):
+                return None  # calling None, or an attribute the module lacks, raises before any effect
             return f"calls `{label}`, which could not be resolved on the live model"
         return self._modules_effects(values, label, ctx, depth, site, attr)
 
@@ -339,15 +340,25 @@ class StateScan:
         """What ``self.<attr>`` can be in the function being scanned: the
         attribute on the live modules whose class runs that function (all
         modules of the model when none is found)."""
+        return ctx.attribute_values(attr, self._owners(ctx) or None)
+
+    def _owners(self, ctx: RewriteContext) -> list:
+        """The live modules whose class runs the function being scanned."""
         import torch
 
         scope = getattr(self, "_scope", None)
         if scope is None or not isinstance(ctx.model, torch.nn.Module):
-            return ctx.attribute_values(attr)
+            return []
         fdef, filename = scope
         line = first_line(fdef)
-        owners = [m for m in ctx.model.modules() if _runs(type(m), fdef.name, line, filename)]
-        return ctx.attribute_values(attr, owners or None)
+        return [m for m in ctx.model.modules() if runs(type(m), fdef.name, line, filename)]
+
+    def _missing(self, attr: str, ctx: RewriteContext) -> bool:
+        """Whether every live module that runs the scanned function lacks
+        ``self.<attr>`` (XLM's ``self.lang_embeddings`` with one language):
+        the lookup raises AttributeError before the call does anything."""
+        owners = self._owners(ctx)
+        return bool(owners) and not any(hasattr(m, attr) for m in owners)
 
     def _fresh(
         self, fdef: Any, namespace: dict, ctx: RewriteContext, depth: int, params: frozenset[str] = frozenset()
@@ -370,7 +381,7 @@ class StateScan:
         func = call.func
         attr = self_attribute(func)
         if attr is not None:
-            values, bound = self._self_values(attr, ctx), _bound_through_self(ctx, attr)
+            values, bound = self._self_values(attr, ctx), bound_through_self(ctx, attr)
         elif isinstance(func, ast.Name):
             target = namespace.get(func.id, getattr(builtins, func.id, None))
             values, bound = ([target] if target is not None else self._loop_values(func.id, ctx)), False
@@ -379,7 +390,7 @@ class StateScan:
         else:
             return False  # `super().forward(h)`, a call of a call: what it returns is not known
         if not values:
-            return attr is not None and _none_everywhere(ctx, attr)  # calling None raises: nothing is returned
+            return attr is not None and none_everywhere(ctx, attr)  # calling None raises: nothing is returned
         if depth >= self.max_depth + 4:  # the scan may be at its limit: returns are followed further
             return False
         return all(self._returns_fresh(v, call, index, is_fresh, ctx, depth, bound) for v in values if callable(v))
@@ -435,7 +446,7 @@ class StateScan:
         for loop in ast.walk(current[0]) if current is not None else ():
             attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
             if attr is not None:
-                return [item for value in self._self_values(attr, ctx) for item in _items(value)]
+                return [item for value in self._self_values(attr, ctx) for item in items(value)]
         return []
 
     def _local_callable(
@@ -465,6 +476,9 @@ class StateScan:
             reason = self._nested_parameter(name, current[0], ctx, depth, namespace)
             if reason is not _UNRESOLVED:
                 return reason
+            reason = self._looked_up(name, current[0], ctx, depth, namespace or {})
+            if reason is not _UNRESOLVED:
+                return reason
         outer = [current[0]] if current is not None else []
         for loop in (n for root in [scope, *outer] for n in ast.walk(root)):
             attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
@@ -473,6 +487,32 @@ class StateScan:
                 if values:
                     return self._modules_effects(values, f"{name}(...)", ctx, depth, site)
         return f"calls the local `{name}(...)`, which could not be resolved"
+
+    def _looked_up(self, name: str, scope: Any, ctx: RewriteContext, depth: int, namespace: dict) -> Any:
+        """``fn = TABLE[key]; ... fn(...)`` with ``TABLE`` a global mapping (as
+        transformers' ``ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation]``):
+        the call is one of its values, so every value is judged. _UNRESOLVED
+        when ``name`` is not bound that way, once, in the function."""
+        from collections.abc import Mapping
+
+        stores = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
+        binds = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.targets == stores]
+        parameters = {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+        if len(stores) != 1 or len(binds) != 1 or name in parameters:
+            return _UNRESOLVED
+        value = binds[0].value
+        if not (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name)):
+            return _UNRESOLVED
+        table = namespace.get(value.value.id)
+        if not isinstance(table, Mapping):
+            return _UNRESOLVED
+        for entry in list(table.values()):
+            if not hasattr(entry, "__code__"):
+                return f"calls `{name}(...)`, a value of `{value.value.id}` that is not a Python function"
+            reason = self._function_effects(entry, f"{value.value.id}[...]", ctx, depth)
+            if reason:
+                return reason
+        return None
 
     def _modules_effects(
         self, values: list, label: str, ctx: RewriteContext, depth: int,
@@ -486,7 +526,7 @@ class StateScan:
             if not isinstance(value, torch.nn.Module):
                 if hasattr(value, "__code__"):
                     fresh: frozenset[str] = frozenset()
-                    bound = _bound_through_self(ctx, attr) if attr is not None else None
+                    bound = bound_through_self(ctx, attr) if attr is not None else None
                     if site is not None and bound is not None:
                         fresh, _ = fresh_arguments(site[0], value, site[1], bound=bound)
                     reason = self._function_effects(value, label, ctx, depth, fresh, same_self=bound is True)
@@ -527,72 +567,3 @@ class StateScan:
 
 
 _UNRESOLVED = object()  # a lookup that found nothing (None means: found, and clean)
-
-
-def _none_everywhere(ctx: RewriteContext, attr: str) -> bool:
-    import torch
-
-    model = ctx.model
-    if not isinstance(model, torch.nn.Module):
-        return False
-    holders = [m for m in model.modules() if attr in vars(m)]
-    return bool(holders) and all(vars(m)[attr] is None for m in holders)
-
-
-def _items(value: Any) -> list:
-    import torch
-
-    if isinstance(value, (torch.nn.ModuleList, torch.nn.Sequential, list, tuple)):
-        return list(value)
-    if isinstance(value, (torch.nn.ModuleDict, dict)):
-        return list(value.values())
-    return [value]
-
-
-def _bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
-    """Whether ``self.<attr>(...)`` passes ``self`` as the first parameter
-    (a method) or not (a staticmethod); None when the model's classes disagree."""
-    import inspect
-
-    import torch
-
-    if not isinstance(ctx.model, torch.nn.Module):
-        return None
-    kinds = set()
-    for module in ctx.model.modules():
-        raw = inspect.getattr_static(type(module), attr, None)
-        if raw is None:
-            continue
-        kinds.add("static" if isinstance(raw, staticmethod) else "method" if inspect.isfunction(raw) else "other")
-    if kinds == {"static"}:
-        return False
-    if kinds == {"method"}:
-        return True
-    return None
-
-
-def _own_attrs(cls: type) -> set[str]:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass in (BaseException, Exception, object) or getattr(builtins, klass.__name__, None) is klass:
-            break
-        names |= set(vars(klass))
-    return names
-
-
-def _runs(cls: type, name: str, line: int, filename: str) -> bool:
-    """Whether ``cls`` or a base (reached through ``super()``) defines method
-    ``name`` from ``filename:line``."""
-    import os
-
-    for base in cls.__mro__:
-        code = getattr(base.__dict__.get(name), "__code__", None)
-        if code is None or code.co_firstlineno != line:
-            continue
-        try:
-            if os.path.samefile(code.co_filename, filename):
-                return True
-        except OSError:
-            if code.co_filename == filename:
-                return True
-    return False

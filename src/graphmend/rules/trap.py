@@ -80,6 +80,7 @@ from graphmend.analysis.facts import FunctionFacts, bound_before
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.analysis.source import inside_try
 from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules._live import own_attrs
 from graphmend.rules._predicate import (
     add_guards,
     deferred_blockers,
@@ -88,7 +89,7 @@ from graphmend.rules._predicate import (
     lower,
     needs_runtime,
 )
-from graphmend.rules._state import StateScan, _own_attrs
+from graphmend.rules._state import StateScan
 from graphmend.rules.defer import Defer
 
 
@@ -243,9 +244,9 @@ class Trap(Rule):
             raise Decline(f"`{ast.unparse(node)}` is not provably an exception class")
         if getattr(builtins, value.__name__, None) is value:
             return value
-        if value.__init__ is not BaseException.__init__ and "__init__" in _own_attrs(value):
+        if value.__init__ is not BaseException.__init__ and "__init__" in own_attrs(value):
             raise Decline(f"{value.__name__} defines __init__: it may not be re-created from its arguments")
-        if "__new__" in _own_attrs(value):
+        if "__new__" in own_attrs(value):
             raise Decline(f"{value.__name__} defines __new__: it may not be re-created from its arguments")
         return value
 

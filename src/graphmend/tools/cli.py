@@ -21,7 +21,7 @@ EXIT_CLEAN, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 
 
 def _target_help() -> str:
-    return "file.py:factory, package.module:factory, demo, or zoo:NAME (see `graphmend zoo`)"
+    return "file.py:factory, package.module:factory, demo, zoo:NAME (see `graphmend zoo`) or hf:TYPE (a tiny transformers model)"
 
 
 def cmd_explain(ns: argparse.Namespace) -> int:
@@ -194,6 +194,29 @@ def cmd_suite(ns: argparse.Namespace) -> int:
     return EXIT_ERROR if report.totals()["rows_failed"] else EXIT_CLEAN
 
 
+def cmd_survey(ns: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from graphmend.compat import check_environment
+    from graphmend.tools.survey import LIBRARIES, models_of, render, run_survey
+
+    check_environment()
+    if ns.library not in LIBRARIES:
+        raise GraphmendError(f"unknown library {ns.library!r}; libraries are {', '.join(LIBRARIES)}")
+    models = [m.strip() for m in ns.models.split(",")] if ns.models else models_of(ns.library, ns.long)
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"survey {ns.library}", total=len(models))
+        report = run_survey(ns.library, models, long=ns.long, jobs=ns.jobs, timeout=ns.timeout,
+                            progress=lambda name: bar.advance(task))
+    render(report)
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as fh:
+            json.dump(report.to_dict(), fh, indent=2)
+        print(f"wrote {ns.json}")
+    totals = report.totals()
+    return EXIT_ERROR if totals["mismatches"] or totals["worse"] else EXIT_CLEAN
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     from graphmend.check import check_paths, parse_select
 
@@ -327,6 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON, and a PNG chart beside it")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_suite)
+
+    p = sub.add_parser("survey", help="graphmend.compile against torch.compile on a library's models, each in its own process")
+    p.add_argument("--library", default="transformers", help="the library (default transformers: hf:TYPE models)")
+    p.add_argument("--long", action="store_true", help="every model the installed release offers, not the CI subset")
+    p.add_argument("--models", help="comma-separated targets instead (hf:xlm,hf:ctrl)")
+    p.add_argument("--jobs", type=int, default=1, help="models run in parallel processes (default 1)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per model (default 600)")
+    p.add_argument("--json", metavar="PATH", help="write the rows and totals as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_survey)
 
     p = sub.add_parser("check", help="list candidate break sites in source files, statically (no model, no run)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from graphmend.discover.sites import CATEGORIES, verdict_for
 from graphmend.rules import load_rules
 
-_CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "DS", "UNSUP", "OTHER"]
+_CATEGORY_ORDER = ["DC", "LC", "VG", "TI", "DO", "AS", "DS", "UNSUP", "OTHER"]
 
 
 def _style(rule: str | None) -> str:
@@ -62,7 +62,7 @@ def summary_line(report: ExplainReport) -> str:
 
 
 def render_explain(report: ExplainReport, console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or terminal()
     if report.sites:
         table = Table(title=f"graph breaks in {report.target}", title_justify="left", expand=False)
         table.add_column("cat", no_wrap=True)
@@ -84,11 +84,11 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
             if site.events > 1:
                 reason += f"\n{site.events} events"
             verdict = Text(site.rule or "out of scope", style=_style(site.rule))
-            table.add_row(
+            table.add_row(  # Text, not markup: `h[mask]` is code, not a style tag
                 Text(site.category, style="bold"),
-                where,
-                _shorten(site.code),
-                reason,
+                Text(where),
+                Text(_shorten(site.code)),
+                Text(reason),
                 verdict,
             )
         console.print(table)
@@ -131,7 +131,7 @@ def mend_summary(report: "MendReport") -> str:
 
 
 def render_mend(report: "MendReport", console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or terminal()
     if report.outcomes:
         table = Table(title=f"mending {report.target}", title_justify="left")
         table.add_column("status", no_wrap=True)
@@ -143,9 +143,10 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
             table.add_row(
                 Text(o.status, style=_STATUS_STYLE.get(o.status, "")),
                 o.rule or "-",
-                f"{o.path}:{o.line} in {o.function}",
-                _shorten(o.code),
-                "; ".join([o.reason] + [n for n in o.notes if n.startswith("still breaks")]),
+                Text(f"{o.path}:{o.line} in {o.function}"),
+                Text(_shorten(o.code)),
+                # A later rule's word on the site (passes/speculation.py) shows with the first one's.
+                Text("; ".join([o.reason] + [n for n in o.notes if n.startswith(("still breaks", "[speculate]"))])),
             )
         console.print(table)
     for line in report.kept:
@@ -160,7 +161,7 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
 
 
 def render_bench(report: "BenchReport", console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or terminal()
     mode = "" if report.mode == "default" else f", mode={report.mode}"
     table = Table(title=f"bench {report.target} ({report.backend}, {report.device}{mode})", title_justify="left")
     table.add_column("metric")
@@ -220,14 +221,14 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
         render_bench(other, console)
 
 
-def _console() -> Console:
+def terminal() -> Console:
     """The terminal's width; a wide one when piped, so tables stay readable in logs."""
     console = Console()
     return console if console.is_terminal else Console(width=180)
 
 
 def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or terminal()
     table = Table(title="graphmend suite: the paper's Table 2 beside ours" + (" (quick)" if report.quick else ""),
                   title_justify="left")
     for name, justify in (("row", "left"), ("categories", "left"), ("breaks", "right"), ("fix", "right"),

@@ -72,33 +72,41 @@ def run_suite(
     rows = rows or default_rows()
     report = SuiteReport(quick=quick)
     start = time.perf_counter()
+    report.rows = run_each(rows, lambda name: _run_row(name, quick, timeout), jobs, progress)
+    report.seconds = time.perf_counter() - start
+    return report
 
-    def one(name: str) -> dict[str, Any]:
-        result = _run_row(name, quick, timeout)
+
+def run_each(
+    names: list[str], one: Callable[[str], dict[str, Any]], jobs: int, progress: Callable[[str], None] | None
+) -> list[dict[str, Any]]:
+    """``one(name)`` for every name, ``jobs`` at a time, in order; ``progress(name)`` as each ends."""
+
+    def each(name: str) -> dict[str, Any]:
+        result = one(name)
         if progress is not None:
             progress(name)
         return result
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        report.rows = list(pool.map(one, rows))
-    report.seconds = time.perf_counter() - start
-    return report
+        return list(pool.map(each, names))
 
 
 def _run_row(name: str, quick: bool, timeout: float) -> dict[str, Any]:
+    return run_in_process(ROW_MODULE, [name] + (["--quick"] if quick else []), timeout, {"row": name})
+
+
+def run_in_process(module: str, argv: list[str], timeout: float, label: dict[str, Any]) -> dict[str, Any]:
+    """``python -m module *argv`` in a fresh process: the JSON object it prints
+    last, or ``label`` with ``ok: False`` and why (a timeout, a crash)."""
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", ROW_MODULE, name] + (["--quick"] if quick else []),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"row": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
+        return {**label, "ok": False, "error": f"timed out after {timeout:.0f} s"}
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {"row": name, "ok": False, "error": tail}
+        return {**label, "ok": False, "error": tail}
     return json.loads(lines[-1])
 
 
