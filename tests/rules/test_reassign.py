@@ -102,7 +102,9 @@ def test_a_class_that_overrides_setattr_keeps_every_store():
     for x in (X, X):
         assert torch.equal(reference(x), compiled(x))
     assert reference.stores == model.stores == 3  # __init__'s and one per call
-    assert [(o.rule, o.category) for o in compiled.report.outcomes] == [(None, "UNSUP")]
+    # The break is in its __setattr__ (torch 2.13 calls it UNSUP, 2.12 data-dependent branching): not rewritten.
+    assert [(o.function, o.status) for o in compiled.report.outcomes if o.status == "applied" or o.rule == "reassign"] == []
+    assert [o.function for o in compiled.report.outcomes] == ["__setattr__"]
 
 
 def test_a_global_buffer_registration_hook_declines():

@@ -154,6 +154,10 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
 
     if isinstance(stmt, ast.Assert) or (stmt is not None and is_guard_if(stmt)):
         return "VG"  # deciding whether to raise on tensor values, whatever Dynamo's id
+    if stmt is not None and reassigned_attribute(stmt) is not None and gb not in _TI_IDS | _DO_IDS | {"GB0033"}:
+        # `self.x = self.x.to(...)`: the store breaks, whatever Dynamo calls it (torch 2.12:
+        # data-dependent branching inside nn.Module.__setattr__; 2.13: python_type())
+        return "AS"
     if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
         return "DC"
     if any(_names_torch_assert(c) for c in calls) and gb == "GB0033":
@@ -170,8 +174,6 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
         return "TI"
     if gb in _DO_IDS or "dynamic shape operator" in gb_type:
         return "DO"
-    if stmt is not None and reassigned_attribute(stmt) is not None:
-        return "AS"  # `self.x = self.x.to(...)`: the store breaks, whatever Dynamo calls it
     if "dynamic" in gb_type or "data-dependent expression" in gb_type or "symbolic" in gb_type:
         return "DS"
     if gb in ("GB0007", "GB0059") or "skipped" in gb_type or "unsupported" in gb_type:
