@@ -47,6 +47,11 @@ SEQUENCE = 16  # input_ids length; a decoder input is half of it
 MULTIMODAL = ("vision_config", "audio_config", "text_config", "image_size", "num_channels")
 
 
+def _is_text(values: dict[str, Any]) -> bool:
+    """A config (as a dict) ``build`` accepts: token ids in, no vision or audio part."""
+    return "vocab_size" in values and not any(key in values for key in MULTIMODAL)
+
+
 def _value(text: str) -> Any:
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -85,7 +90,7 @@ def tiny_config(model_type: str, fields: dict[str, Any] | None = None) -> Any:
     except (ValueError, KeyError) as exc:
         raise TargetError(f"hf:{model_type}: transformers has no model type {model_type!r}") from exc
     values = config.to_dict()
-    if "vocab_size" not in values or any(key in values for key in MULTIMODAL):
+    if not _is_text(values):
         raise TargetError(f"hf:{model_type}: only text architectures are built (input_ids in, no vision or audio part)")
     for key, value in values.items():
         size = SIZES.get(key)
@@ -129,6 +134,6 @@ def architectures() -> list[str]:
             values = AutoConfig.for_model(model_type).to_dict()
         except Exception:
             continue
-        if "vocab_size" in values and not any(key in values for key in MULTIMODAL):
+        if _is_text(values):
             names.append(model_type)
     return names

@@ -52,6 +52,18 @@ def bound_through_self(ctx: RewriteContext, attr: str) -> bool | None:
     return None
 
 
+def owners(model: Any, fdef: Any, filename: str) -> list:
+    """The live modules of ``model`` whose class runs function ``fdef`` of ``filename``."""
+    import torch
+
+    from graphmend.analysis.source import first_line
+
+    if not isinstance(model, torch.nn.Module):
+        return []
+    line = first_line(fdef)
+    return [m for m in model.modules() if runs(type(m), fdef.name, line, filename)]
+
+
 def own_attrs(cls: type) -> set[str]:
     names: set[str] = set()
     for klass in cls.__mro__:

@@ -49,14 +49,13 @@ from graphmend.analysis.purity import (
 )
 from graphmend.analysis.source import (
     definition_of,
-    first_line,
     inside_try,
     module_namespace,
     parse_file,
     statement_in,
 )
 from graphmend.rules import Decline, RewriteContext
-from graphmend.rules._live import bound_through_self, items, none_everywhere, runs
+from graphmend.rules._live import bound_through_self, items, none_everywhere, owners
 
 
 class StateScan:
@@ -344,14 +343,8 @@ class StateScan:
 
     def _owners(self, ctx: RewriteContext) -> list:
         """The live modules whose class runs the function being scanned."""
-        import torch
-
         scope = getattr(self, "_scope", None)
-        if scope is None or not isinstance(ctx.model, torch.nn.Module):
-            return []
-        fdef, filename = scope
-        line = first_line(fdef)
-        return [m for m in ctx.model.modules() if runs(type(m), fdef.name, line, filename)]
+        return owners(ctx.model, *scope) if scope is not None else []
 
     def _missing(self, attr: str, ctx: RewriteContext) -> bool:
         """Whether every live module that runs the scanned function lacks

@@ -48,9 +48,8 @@ import ast
 import inspect
 
 from graphmend.analysis.effects import reassigned_attribute
-from graphmend.analysis.source import first_line
 from graphmend.rules import Decline, RewriteContext, Rule, register
-from graphmend.rules._live import runs
+from graphmend.rules._live import owners
 
 
 @register
@@ -89,15 +88,14 @@ def _store_may_act(attr: str, ctx: RewriteContext) -> str | None:
 
     if not isinstance(ctx.model, torch.nn.Module):
         return "the target is not a module"
-    line = first_line(ctx.fdef)
-    owners = [m for m in ctx.model.modules() if runs(type(m), ctx.fdef.name, line, ctx.filename)]
-    if not owners:
+    running = owners(ctx.model, ctx.fdef, ctx.filename)
+    if not running:
         return f"no module of the model runs `{ctx.fdef.name}`"
     for name in ("_global_module_registration_hooks", "_global_parameter_registration_hooks",
                  "_global_buffer_registration_hooks"):
         if getattr(nn_module, name, None):
             return f"a global registration hook is installed (torch.nn.modules.module.{name})"
-    for cls in {type(m) for m in owners}:
+    for cls in {type(m) for m in running}:
         for method in ("__setattr__", "__getattr__", "__getattribute__"):
             if getattr(cls, method) is not getattr(torch.nn.Module, method):
                 return f"{cls.__name__} overrides {method}"

@@ -198,7 +198,8 @@ def cmd_survey(ns: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from graphmend.compat import check_environment
-    from graphmend.tools.survey import LIBRARIES, models_of, render, run_survey
+    from graphmend.tools.render import render_survey
+    from graphmend.tools.survey import LIBRARIES, models_of, run_survey
 
     check_environment()
     if ns.library not in LIBRARIES:
@@ -208,7 +209,7 @@ def cmd_survey(ns: argparse.Namespace) -> int:
         task = bar.add_task(f"survey {ns.library}", total=len(models))
         report = run_survey(ns.library, models, long=ns.long, jobs=ns.jobs, timeout=ns.timeout,
                             progress=lambda name: bar.advance(task))
-    render(report)
+    render_survey(report)
     if ns.json:
         with open(ns.json, "w", encoding="utf-8") as fh:
             json.dump(report.to_dict(), fh, indent=2)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from graphmend.pipeline import MendReport
     from graphmend.tools.bench import BenchReport
     from graphmend.tools.suite import SuiteReport
+    from graphmend.tools.survey import SurveyReport
 from graphmend.discover.sites import CATEGORIES, verdict_for
 from graphmend.rules import load_rules
 
@@ -269,3 +270,30 @@ def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
         ),
         soft_wrap=True,
     )
+
+
+def render_survey(report: "SurveyReport", console: Console | None = None) -> None:
+    console = console or terminal()
+    table = Table(title=f"graphmend survey: {report.library}" + (" (long)" if report.long else ""),
+                  title_justify="left")
+    for name in ("model", "graphs", "breaks", "rules", "capture", "verified", "outputs", "s"):
+        table.add_column(name, justify="left" if name in ("model", "rules", "capture") else "right")
+    failed = [r for r in report.rows if not r.get("ok")]
+    for r in report.rows:
+        if r.get("ok"):
+            mended = bool(r["rules"] or r["capture"])
+            table.add_row(
+                r["model"], f"{r['graphs_plain']} -> {r['graphs_mended']}",
+                f"{r['breaks_before']} -> {r['breaks_after']}", ", ".join(r["rules"]) or "-",
+                ", ".join(r["capture"]) or "-", ("yes" if r["verified"] else "no") if mended else "-",
+                Text("MISMATCH", style="red") if r["mismatch"] else "identical", f"{r['seconds']:.0f}",
+            )
+    console.print(table)
+    for r in failed:  # a model that does not build or run eagerly is not graphmend's result
+        console.print(Text(f"{r['model']}: {r.get('error')}", style="red"), soft_wrap=True)
+    t = report.totals()
+    console.print(Text(
+        f"totals: {t['models']} models ({t['models_failed']} failed, {t['models_breaking']} breaking); graphs "
+        f"{t['graphs_plain']} -> {t['graphs_mended']}; breaks {t['breaks_before']} -> {t['breaks_after']} "
+        f"({t['fix_rate']}% eliminated); {t['verified']} verified; {t['mismatches']} mismatches; "
+        f"{t['worse']} worse; {report.seconds:.0f} s", style="bold"), soft_wrap=True)

@@ -21,6 +21,7 @@ totals; the table goes to the terminal.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -134,8 +135,10 @@ def model_result(name: str) -> dict[str, Any]:
     started = time.perf_counter()
     with quiet():
         target = load_target(name)
-        run_eager(copy.deepcopy(target))  # a model that fails eagerly is reported as such
-        reference = _sha(tensors_in(_call(copy.deepcopy(target.model), target)))
+        private = copy.deepcopy(target.model)  # each arm starts from the model as built
+        # Through run_eager: a model that fails eagerly is reported as such, in one line.
+        eager = _call(lambda *a, **k: run_eager(dataclasses.replace(target, model=private, args=a, kwargs=k)), target)
+        reference = _sha(tensors_in(eager))
 
     def counting() -> tuple[list, Callable]:
         graphs: list = []
@@ -175,38 +178,6 @@ def model_result(name: str) -> dict[str, Any]:
         "mismatch": _sha(tensors_in(plain_out)) != reference or _sha(tensors_in(mended_out)) != reference,
         "seconds": round(time.perf_counter() - started, 1),
     }
-
-
-def render(report: SurveyReport, console: Any = None) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from graphmend.tools.render import terminal
-
-    console = console or terminal()
-    table = Table(title=f"graphmend survey: {report.library}" + (" (long)" if report.long else ""),
-                  title_justify="left")
-    for name in ("model", "graphs", "breaks", "rules", "capture", "verified", "outputs", "s"):
-        table.add_column(name, justify="left" if name in ("model", "rules", "capture") else "right")
-    failed = [r for r in report.rows if not r.get("ok")]
-    for r in report.rows:
-        if r.get("ok"):
-            mended = bool(r["rules"] or r["capture"])
-            table.add_row(
-                r["model"], f"{r['graphs_plain']} -> {r['graphs_mended']}",
-                f"{r['breaks_before']} -> {r['breaks_after']}", ", ".join(r["rules"]) or "-",
-                ", ".join(r["capture"]) or "-", ("yes" if r["verified"] else "no") if mended else "-",
-                Text("MISMATCH", style="red") if r["mismatch"] else "identical", f"{r['seconds']:.0f}",
-            )
-    console.print(table)
-    for r in failed:  # a model that does not build or run eagerly is not graphmend's result
-        console.print(Text(f"{r['model']}: {r.get('error')}", style="red"), soft_wrap=True)
-    t = report.totals()
-    console.print(Text(
-        f"totals: {t['models']} models ({t['models_failed']} failed, {t['models_breaking']} breaking); graphs "
-        f"{t['graphs_plain']} -> {t['graphs_mended']}; breaks {t['breaks_before']} -> {t['breaks_after']} "
-        f"({t['fix_rate']}% eliminated); {t['verified']} verified; {t['mismatches']} mismatches; "
-        f"{t['worse']} worse; {report.seconds:.0f} s", style="bold"), soft_wrap=True)
 
 
 def main(argv: list[str]) -> int:
