@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import patterns as P
+import scalars as S
 from conftest import counting_graphs
 from graphmend.models import demo
 from graphmend.discover.trace import parse_event, trace_breaks
@@ -124,7 +125,7 @@ def test_json_schema_fields():
         assert key in data
     site = data["sites"][0]
     for key in ("file", "path", "line", "function", "code", "category", "reason", "gb_id", "rule",
-                "verdict", "events", "frames"):
+                "verdict", "declined", "events", "frames"):
         assert key in site
     assert data["categories"] == {"DC": 1}
     assert isinstance(data["ops_per_graph"], list) and len(data["ops_per_graph"]) == data["graphs"]
@@ -167,3 +168,27 @@ def test_discovery_restores_dynamo_logging_state():
     explain(P.Branch(), X)
     after = (log.level, log.propagate, list(log.handlers), "add" in vars(utils.graph_break_dup_warning_checker))
     assert before == after
+
+
+def test_explain_offers_each_site_to_its_rule_and_says_what_mend_says():
+    """`graphmend.explain` counts a site fixable only where its rule accepts it
+    (issue 25: explain said "fixable" for sites mend then declined); the rule's
+    reason is mend's, word for word; nothing stays rewritten."""
+    import graphmend
+
+    model, x = S.MoELeaks(), S.moe_inputs()
+    codes = {name: fn.__code__ for name, fn in vars(S.MoELeaks).items() if callable(fn) and hasattr(fn, "__code__")}
+    explained = graphmend.explain(model, x)
+    assert explained.fixable == [] and len(explained.declined) == 2
+    assert {name: fn.__code__ for name, fn in vars(S.MoELeaks).items() if name in codes} == codes  # undone
+    assert explained.to_dict()["sites"][0]["declined"] == explained.sites[0].declined
+    report = graphmend.mend(model, x)
+    try:
+        mended = {(o.line, o.reason) for o in report.outcomes if o.status == "declined"}
+        assert mended == {(s.line, s.declined) for s in explained.declined}
+        assert any("the loop's names y are read outside it" in reason for _, reason in mended)
+    finally:
+        graphmend.unmend()
+    demo_model, args, kwargs = demo.build()
+    accepted = graphmend.explain(demo_model, *args, **kwargs)
+    assert accepted.declined == [] and len(accepted.fixable) == len(accepted.sites) == 6

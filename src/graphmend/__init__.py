@@ -29,7 +29,7 @@ _API = {
     "TargetError": "errors",
     "UnsupportedEnvironment": "errors",
     "ExplainReport": "discover.explain",
-    "explain": "discover.explain",
+    "explain": "api",
     "BackendFallbackWarning": "rewrite.fallback",
     "with_fallback": "rewrite.fallback",
     "MendReport": "pipeline",

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import threading
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -32,12 +32,16 @@ from graphmend.pipeline import (
     DEFAULT_RULES,
     Mending,
     MendReport,
+    judge,
     mend_target,
     report_in_mode,
 )
 from graphmend.rewrite.fallback import FallbackBackend, compile_kwargs
 from graphmend.rewrite.verify import quiet
 from graphmend.rules import rules_that
+
+if TYPE_CHECKING:
+    from graphmend.discover.explain import ExplainReport
 
 _ACTIVE: dict[int, tuple[Any, Mending]] = {}
 _LOCK = threading.Lock()
@@ -56,6 +60,18 @@ def _alone() -> Any:
 def _remember(key: Any, mending: Mending) -> None:
     with _LOCK:
         _ACTIVE[id(key)] = (key, mending)
+
+
+def explain(model_or_fn: Any, *args: Any, **kwargs: Any) -> "ExplainReport":
+    """Every graph break of ``model_or_fn(*args, **kwargs)`` under torch.compile,
+    each offered to the rule that addresses it (nothing is rewritten): a site
+    is ``fixable`` only where that rule accepts it, else ``site.declined``
+    says why, as ``mend`` would. Returns an :class:`ExplainReport`;
+    ``report.to_dict()`` gives the JSON form."""
+    from graphmend.discover.explain import explain_target
+
+    target = target_from_objects(model_or_fn, args, kwargs)
+    return judge(explain_target(target), target)
 
 
 def mend(model_or_fn: Any, *args: Any, **kwargs: Any) -> MendReport:

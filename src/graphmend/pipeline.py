@@ -49,7 +49,7 @@ from graphmend.passes import (
     verification,
 )
 from graphmend.passes.capturing import CAPTURE_RULE
-from graphmend.passes.rounds import rounds
+from graphmend.passes.rounds import apply_round, rounds
 from graphmend.passes.speculation import RULE as SPECULATE
 from graphmend.passes.speculation import may_run_twice
 from graphmend.rewrite.session import (
@@ -109,15 +109,20 @@ def rewrite_rounds(session: Session) -> None:
 
 
 _STILL = "still breaks: "
+GONE = "no longer breaks after mending (another site's mend removed it)"
 
 
 def note_still_breaking(session: Session) -> None:
-    """Sites still breaking after their rewrite keep "applied" but say so."""
+    """Sites still breaking after their rewrite keep "applied" but say so; a
+    declined site that no longer breaks (a loop rewrite removed the branch in
+    its body, say) keeps "declined", as no rule of its own applied, and says so."""
     remaining = {key(s): s for s in session.current.sites}
     for found in session.outcomes.values():
-        found.notes = [n for n in found.notes if not n.startswith(_STILL)]
+        found.notes = [n for n in found.notes if not n.startswith(_STILL) and n != GONE]
         if found.status == Status.APPLIED and (found.file, found.line) in remaining:
             found.notes.append(_STILL + _why(remaining[(found.file, found.line)]))
+        elif found.status == Status.DECLINED and (found.file, found.line) not in remaining:
+            found.notes.append(GONE)
 
 
 def _why(site: BreakSite) -> str:
@@ -144,6 +149,26 @@ PASSES: tuple[Callable[[Session], None], ...] = (
     capturing.credit,
     note_still_breaking,
 )
+
+
+def judge(report: ExplainReport, target: Target, rules: tuple[str, ...] = DEFAULT_RULES) -> ExplainReport:
+    """``report`` with each site offered to its rule as mend's first round offers
+    it, every rewrite then undone (nothing is traced or run): a site is
+    fixable only where its rule accepts it, else ``site.declined`` says why,
+    in the words ``mend`` would use. [Scalar]'s measured capture is not tried
+    here: ``mend`` measures it."""
+    session = Session(target, tuple(rules), False, False, 1, Mending())
+    session.before = session.current = report
+    session.observed = [p for s in report.sites for p in (s.paths or [s.frames]) if p]
+    try:
+        with random_state_kept():
+            apply_round(session, [s for s in report.sites if s.rule is not None], session.rules)
+    finally:
+        session.mending.undo()
+    for site in report.sites:
+        found = session.outcomes.get(key(site))
+        site.declined = found.reason if found is not None and found.status == Status.DECLINED else ""
+    return report
 
 
 def report_of(session: Session) -> "MendReport":

@@ -399,7 +399,7 @@ def function_impurities(fn: Any, depth: int = 0) -> list[str]:
                 base = sub.value
                 while isinstance(base, (ast.Attribute, ast.Subscript)):
                     base = base.value
-                if not (isinstance(base, ast.Name) and base.id in local and base.id not in _param_names(fdef)):
+                if not (isinstance(base, ast.Name) and base.id in local and base.id not in param_names(fdef)):
                     out.append(f"{fn.__qualname__} stores into `{ast.unparse(sub)}`")
         elif isinstance(node, ast.Call):
             reason = impure_call(node, namespace, local, depth, fn.__qualname__)
@@ -408,7 +408,7 @@ def function_impurities(fn: Any, depth: int = 0) -> list[str]:
     return out
 
 
-def _param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+def param_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     args = fdef.args
     names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
     for extra in (args.vararg, args.kwarg):

@@ -87,7 +87,14 @@ class ExplainReport:
 
     @property
     def fixable(self) -> list[BreakSite]:
-        return [s for s in self.sites if s.rule is not None]
+        """Sites a rule addresses and, where the rule was offered them (``graphmend
+        explain``, ``graphmend.explain``), accepts."""
+        return [s for s in self.sites if s.rule is not None and not s.declined]
+
+    @property
+    def declined(self) -> list[BreakSite]:
+        """Sites whose rule, offered them, declines (each says why)."""
+        return [s for s in self.sites if s.rule is not None and s.declined]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -93,6 +93,8 @@ class BreakSite:
     # Every distinct chain seen: a check reached from two callers has two
     # continuations after it, and [Trap] must check both (chains.py).
     paths: list[list[Frame]] = field(default_factory=list)
+    # Why the rule declines the site, when explain offered it (pipeline.judge): "" when it accepts.
+    declined: str = ""
 
     @property
     def path(self) -> str:
@@ -110,6 +112,7 @@ class BreakSite:
             "gb_id": self.gb_id,
             "rule": self.rule,
             "verdict": self.verdict,
+            "declined": self.declined,
             "events": self.events,
             "frames": [
                 {"file": f.file, "line": f.line, "function": f.function, "code": f.code}

@@ -19,6 +19,7 @@ import copy
 import functools
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,13 @@ from graphmend.discover.isolation import captured, random_state_kept, seed_every
 _ONCE_METHODS = ("warning_once", "info_once")
 # Attributes torch.compile itself sets on a module: not the model's state.
 _TORCH_ATTRS = frozenset({"_is_torch_compile", "_compiled_call_impl", "_torchdynamo_orig_callable", "_torchdynamo_inline"})
+# Where the compiler's own warnings come from ("Dynamo detected a call to a
+# `functools.lru_cache`-wrapped function"): torch.compile's, not the model's.
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__))
+_COMPILER_DIRS = tuple(
+    os.path.join(_TORCH_DIR, *part.split("/")) + os.sep
+    for part in ("_dynamo", "_inductor", "_functorch", "_subclasses", "_higher_order_ops", "fx", "utils/_sympy")
+)
 
 
 @dataclass
@@ -135,7 +143,9 @@ def observe(
 
     ``compiled``: run it through ``torch.compile`` instead (the eager backend,
     so only Dynamo's capture differs from eager), with those capture flags on,
-    inside a region: what the kept flags do to the program as it will run."""
+    inside a region: what the kept flags do to the program as it will run.
+    Warnings the compiler itself issues (from Dynamo, Inductor, FX, ...) are
+    left out of that observation: torch.compile's, not the model's."""
     obs = Observation()
     subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
     called = subject
@@ -159,10 +169,16 @@ def observe(
             obs.exception = (type(exc).__qualname__, str(exc))
     obs.stdout, obs.stderr = effects.stdout.getvalue(), effects.stderr.getvalue()
     obs.records, obs.warnings = effects.records, effects.warnings
+    if compiled is not None:
+        obs.warnings = [w for w in obs.warnings if not _is_compilers(w[2])]
     obs.state = module_state(subject)
     if compiled is not None:
         torch._dynamo.reset()
     return obs
+
+
+def _is_compilers(path: str) -> bool:
+    return isinstance(path, str) and os.path.realpath(path).startswith(_COMPILER_DIRS)
 
 
 # --------------------------------------------------------------------------

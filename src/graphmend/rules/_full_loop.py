@@ -1,8 +1,9 @@
-"""[Scalar]'s full loop: ``hit = T.nonzero(as_tuple=True)[0].tolist()`` and a
-loop over ``hit`` whose body is a no-op where the filter is false, rewritten
-to loop over every index (no host read, no data-dependent length). Part of
-the [Scalar] rule (scalar.py); ``module_impurity`` (analysis.purity)
-proves the loop's module calls pure."""
+"""[Scalar]'s full loop: ``hit = T.nonzero(as_tuple=True)[0].tolist()`` (or
+``T.nonzero()`` rows) and a loop over ``hit`` whose body is a no-op where the
+filter is false, rewritten to loop over every index (no host read, no
+data-dependent length). Part of the [Scalar] rule (scalar.py): this module
+finds the list and its loop, proves the filter and writes the rewrite;
+_loop_body.py proves the body."""
 
 from __future__ import annotations
 
@@ -12,21 +13,13 @@ import copy
 
 import torch
 
-from graphmend.analysis.facts import (
-    PURE_TENSOR_METHODS,
-    PURE_TORCH_FUNCTIONS,
-    FunctionFacts,
-)
-from graphmend.analysis.purity import RAISE_ON_EMPTY, module_impurity
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.purity import param_names
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
+from graphmend.rules._loop_body import LoopBody
 
 _SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
-_INDEX_MUTATORS = {"index_add_": 1, "index_copy_": 1, "index_fill_": 1}  # method -> position of the index arg
-_F_PURE = frozenset(
-    """linear silu gelu relu softmax log_softmax sigmoid tanh layer_norm rms_norm dropout embedding
-    normalize pad one_hot""".split()
-)
 
 
 
@@ -35,7 +28,11 @@ _F_PURE = frozenset(
 
 
 def index_list(node: ast.expr, ctx: RewriteContext) -> ast.expr | None:
-    """``T`` of ``T.nonzero(as_tuple=True)[0].tolist()`` / ``torch.nonzero(T, as_tuple=True)[0].tolist()``."""
+    """``T`` of ``T.nonzero(as_tuple=True)[0].tolist()`` / ``torch.nonzero(T, as_tuple=True)[0].tolist()``,
+    or of the rows form ``T.nonzero()`` / ``torch.nonzero(T)`` (transformers 5's)."""
+    rows = _rows(node, ctx)
+    if rows is not None:
+        return rows
     if not (isinstance(node, ast.Call) and not node.args and not node.keywords):
         return None
     func = node.func
@@ -61,6 +58,48 @@ def index_list(node: ast.expr, ctx: RewriteContext) -> ast.expr | None:
     return None
 
 
+def claims(stmt: ast.stmt, ctx: RewriteContext) -> bool:
+    """Whether ``stmt`` is this rewrite's to prove or decline: an index list
+    (rows of ``nonzero()`` only when a loop over them follows; elsewhere they are
+    any data-dependent shape, for measured capture)."""
+    if not (isinstance(stmt, ast.Assign) and index_list(stmt.value, ctx) is not None):
+        return False
+    if _rows(stmt.value, ctx) is None:
+        return True
+    loop = loop_after(ctx.fdef, stmt, ctx)
+    return isinstance(loop, ast.For) and ast.unparse(loop.iter) == ast.unparse(stmt.targets[0])
+
+
+def _rows(node: ast.expr, ctx: RewriteContext) -> ast.expr | None:
+    """``T`` of ``T.nonzero()`` / ``torch.nonzero(T)``: a ``[k, T.dim()]`` tensor of indices."""
+    if not (isinstance(node, ast.Call) and not node.keywords):
+        return None
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "nonzero" and not node.args:
+        return None if ctx.value_of(node.func.value) is torch else node.func.value
+    if ctx.value_of(node.func) is torch.nonzero and len(node.args) == 1:
+        return node.args[0]
+    return None
+
+
+def loop_after(fdef: ast.AST, stmt: ast.stmt, ctx: RewriteContext) -> ast.stmt | None:
+    """The statement right after ``stmt``; after its ``with torch.no_grad():``
+    block when ``stmt`` ends one (an index list has no gradient either way)."""
+    block = _parent_block(fdef, stmt)
+    if block is None:
+        return None
+    index = next(i for i, s in enumerate(block) if s is stmt)
+    if index + 1 < len(block):
+        return block[index + 1]
+    owner = next((n for n in ast.walk(fdef) if isinstance(n, ast.With) and n.body is block), None)
+    if owner is None or not all(
+        isinstance(item.context_expr, ast.Call) and not item.context_expr.args and item.optional_vars is None
+        and ctx.value_of(item.context_expr.func) is torch.no_grad
+        for item in owner.items
+    ):
+        return None
+    return loop_after(fdef, owner, ctx)
+
+
 def _parent_block(fdef: ast.AST, stmt: ast.stmt) -> list[ast.stmt] | None:
     for node in ast.walk(fdef):
         for name in ("body", "orelse", "finalbody"):
@@ -83,17 +122,14 @@ class FullLoop:
     def __init__(self, stmt: ast.Assign, ctx: RewriteContext) -> None:
         self.stmt, self.ctx = stmt, ctx
         self.facts = FunctionFacts.of(ctx.fdef, ctx.globals, ctx.local_names)
-        self.containers: list[ast.expr] = []  # C of C[e] in the body, besides M
-        self.dropped: list[ast.stmt] = []  # empty-selection guards to remove
+        self.gated = False  # the filter does not prove M[i] all zero: zero the dropped slices first
 
     def rewrite(self) -> list[ast.stmt]:
         stmt, ctx = self.stmt, self.ctx
         if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
             raise Decline("the index list is not assigned to one plain name")
         name = stmt.targets[0].id
-        block = _parent_block(ctx.fdef, stmt)
-        index = next(i for i, s in enumerate(block or []) if s is stmt) if block else None
-        loop = block[index + 1] if block is not None and index is not None and index + 1 < len(block) else None
+        loop = loop_after(ctx.fdef, stmt, ctx)
         if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Name) and loop.iter.id == name):
             raise Decline(f"`{name}` is not iterated by the statement right after it")
         if _names_loaded([ctx.fdef]).count(name) != 1:
@@ -109,49 +145,106 @@ class FullLoop:
         assert flags is not None
         mask, dims, kind = self._filter(flags)
         var = loop.target.id
-        self._check_body(loop, var, mask)
-        self._check_not_read_after(loop, var)
+        rows = _rows(stmt.value, ctx) is not None
+        body = LoopBody(ctx, loop, var, mask, rows)
+        body.check()
+        body.not_read_after()
+        for builtin in ("range", "len", "all"):
+            if not ctx.resolves_to(builtin, getattr(builtins, builtin)):
+                raise Decline(f"`{builtin}` is shadowed in this function")
 
         hit = ctx.fresh("hit")
         n = ast.Subscript(value=attr_of(load_name(hit), "shape"), slice=ast.Constant(0), ctx=ast.Load())
-        for builtin in ("range", "len"):
-            if not ctx.resolves_to(builtin, getattr(builtins, builtin)):
-                raise Decline(f"`{builtin}` is shadowed in this function")
+        fast, slow = self._paths(stmt, name, hit, n, rows)
+        if self.gated:
+            gated = ctx.fresh("mask")
+            keep = ast.UnaryOp(op=ast.Invert(), operand=make_call(attr_of(load_name(hit), "view"), ast.Constant(-1), *[ast.Constant(1)] * len(dims)))
+            fast.insert(0, _assign(gated, make_call(attr_of(load_name(mask), "masked_fill"), keep, ast.Constant(0))))
+            slow.insert(0, _assign(gated, load_name(mask)))
+            for node in ast.walk(loop):
+                if isinstance(node, ast.Name) and node.id == mask and isinstance(node.ctx, ast.Load):
+                    node.id = gated
+        out: list[ast.stmt] = [
+            _assign(hit, copy.deepcopy(flags)),
+            ast.If(test=ast.BoolOp(op=ast.And(), values=self._guards(body, hit, mask, dims, n)), body=fast, orelse=slow),
+        ]
+        for guard in body.dropped:
+            loop.body.remove(guard)
+        as_int = f"`{var}`" if body.unpacked else f"`{var}[0]`"
+        ctx.notes.append(
+            f"`for {var} in {name}` visits every index of `{ast.unparse(flags)}` in order ({kind})"
+            + (f", as a Python int where {as_int} was a 0-dim tensor (used only to index, compare and name)" if rows else "")
+            + "; "
+            f"the body only writes through the selection of `{mask}[{var}]`, empty for the indices the filter dropped"
+            + (f"; {len(body.dropped)} empty-selection guard(s) removed" if body.dropped else "")
+        )
+        return place_at(out, stmt)
+
+    def _paths(self, stmt: ast.Assign, name: str, hit: str, n: ast.expr, rows: bool) -> tuple[list[ast.stmt], list[ast.stmt]]:
+        """``name`` bound to every index (``range(n)``; ``[[i] for i in range(n)]``
+        for rows) on the fast path, to the original's list on the other."""
+        original = copy.deepcopy(stmt.value)
+        if rows:
+            original = _replace_flags(original, hit)
+            index = self.ctx.fresh("i")
+            every: ast.expr = ast.ListComp(
+                elt=ast.List(elts=[load_name(index)], ctx=ast.Load()),
+                generators=[ast.comprehension(
+                    target=ast.Name(id=index, ctx=ast.Store()), iter=make_call(load_name("range"), copy.deepcopy(n)),
+                    ifs=[], is_async=0,
+                )],
+            )
+        else:
+            original.func.value.value = _replace_flags(original.func.value.value, hit)
+            every = make_call(load_name("range"), copy.deepcopy(n))
+        return [_assign(name, every)], [_assign(name, original)]
+
+    def _guards(self, body: LoopBody, hit: str, mask: str, dims: tuple[int, ...], n: ast.expr) -> list[ast.expr]:
+        """Shapes Dynamo decides while tracing: a 1-dim filter, the mask's rank,
+        every index in each container, every module key."""
         guards: list[ast.expr] = [
             ast.Compare(left=make_call(attr_of(load_name(hit), "dim")), ops=[ast.Eq()], comparators=[ast.Constant(1)]),
             ast.Compare(left=make_call(attr_of(load_name(mask), "dim")), ops=[ast.Eq()], comparators=[ast.Constant(len(dims) + 1)]),
         ]
-        for container in self.containers:
+        for container in body.containers:
             guards.append(ast.Compare(left=make_call(load_name("len"), copy.deepcopy(container)), ops=[ast.GtE()], comparators=[n]))
-        original = copy.deepcopy(stmt.value)
-        original.func.value.value = _replace_flags(original.func.value.value, hit)
-        out: list[ast.stmt] = [
-            ast.Assign(targets=[ast.Name(id=hit, ctx=ast.Store())], value=copy.deepcopy(flags)),
-            ast.If(
-                test=ast.BoolOp(op=ast.And(), values=guards),
-                body=[ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=make_call(load_name("range"), copy.deepcopy(n)))],
-                orelse=[ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=original)],
-            ),
-        ]
-        for guard in self.dropped:
-            loop.body.remove(guard)
-        ctx.notes.append(
-            f"`for {var} in {name}` visits every index of `{ast.unparse(flags)}` in order ({kind}); "
-            f"the body only writes through the selection of `{mask}[{var}]`, empty for the indices the filter dropped"
-            + (f"; {len(self.dropped)} empty-selection guard(s) removed" if self.dropped else "")
-        )
-        return place_at(out, stmt)
+        for key, holes in body.keys:
+            index = self.ctx.fresh("key")
+            key = copy.deepcopy(key)
+            for part in key.values:
+                if isinstance(part, ast.FormattedValue):
+                    part.value = load_name(index)
+            exists = ast.ListComp(
+                elt=ast.Compare(left=key, ops=[ast.In()], comparators=[load_name("self")]),
+                generators=[ast.comprehension(
+                    target=ast.Name(id=index, ctx=ast.Store()), iter=make_call(load_name("range"), copy.deepcopy(n)),
+                    ifs=[], is_async=0,
+                )],
+            )
+            guards.append(make_call(load_name("all"), exists))
+        return guards
 
     # -- the filter: T[i] is False exactly when M[i] is all zero ----------------
 
     def _filter(self, flags: ast.expr) -> tuple[str, tuple[int, ...], str]:
+        if (
+            isinstance(flags, ast.Call) and not flags.keywords and len(flags.args) == 2
+            and any(self.ctx.value_of(flags.func) is f for f in (torch.greater, torch.gt))
+        ):
+            flags = ast.Compare(left=flags.args[0], ops=[ast.Gt()], comparators=[flags.args[1]])
         if isinstance(flags, ast.Compare) and len(flags.ops) == 1 and isinstance(flags.ops[0], ast.Gt):
             right = flags.comparators[0]
             if not (isinstance(right, ast.Constant) and right.value == 0):
                 raise Decline("the filter compares with something other than 0")
             mask, dims = self._reduction(flags.left, "sum")
-            self._non_negative(mask)
-            return mask, dims, f"`{mask}` is non-negative, so a zero sum means an all-zero slice"
+            unproven = self._non_negative(mask)
+            if unproven is None:
+                return mask, dims, f"`{mask}` is non-negative, so a zero sum means an all-zero slice"
+            self.gated = True  # why: `unproven`
+            return mask, dims, (
+                f"`{mask}` is not proven non-negative, so the slices the filter drops are zeroed first "
+                "(`masked_fill`) and their selection is empty"
+            )
         mask, dims = self._reduction(flags, "any")
         return mask, dims, "`any` is false exactly for an all-zero slice"
 
@@ -173,209 +266,30 @@ class FullLoop:
             raise Decline("the reduction does not cover every dim but the first (checked: dims are distinct and not 0)")
         return node.func.value.id, dims
 
-    def _non_negative(self, mask: str) -> None:
-        values = self.facts.assignments.get(mask, [])
-        if len(values) != 1:
-            raise Decline(f"`{mask}` is not assigned exactly once, so it is not provably non-negative")
-        node = values[0]
-        while (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_METHODS
-        ):
-            node = node.func.value
-        if isinstance(node, ast.Compare):
-            return  # a bool tensor
-        if isinstance(node, ast.Call) and self.ctx.value_of(node.func) is torch.nn.functional.one_hot:
-            return
-        raise Decline(f"`{mask}` is not provably non-negative (only one_hot or a comparison, through reshapes)")
-
-    # -- the body: a no-op when the selection is empty --------------------------
-
-    def _check_body(self, loop: ast.For, var: str, mask: str) -> None:
-        empty: set[str] = set()
-        assigned: set[str] = {var}
-        modules: dict[str, ast.expr] = {}
-        for st in loop.body:
-            where = f"line {st.lineno}: `{ast.unparse(st).splitlines()[0]}`"
-            selected = self._selection(st, var, mask)
-            if selected is not None:
-                empty |= set(selected)
-                assigned |= set(selected)
-                continue
-            if self._empty_guard(st, empty):
-                self.dropped.append(st)
-                continue
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-                target = st.targets[0].id
-                if target == mask:
-                    raise Decline(f"{where} rebinds `{mask}`")
-                if self._module_lookup(st.value, var):
-                    self.containers.append(st.value.value)
-                    modules[target] = st.value.value
-                else:
-                    self._pure(st.value, var, mask, modules, where)
-                assigned.add(target)
-                continue
-            if self._index_write(st, empty, assigned, mask, var, modules, where):
-                continue
-            raise Decline(f"{where} is not provably a no-op when the selection is empty")
-        if not empty:
-            raise Decline(f"the loop body never selects with `torch.where({mask}[{var}])` or `nonzero`")
-        self.assigned = assigned
-
-    def _selection(self, st: ast.stmt, var: str, mask: str) -> list[str] | None:
-        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
-            return None
-        target, value = st.targets[0], st.value
-        if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
-            names = [e.id for e in target.elts]
-        elif isinstance(target, ast.Name):
-            names = [target.id]
-        else:
-            return None
-        if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and isinstance(target, ast.Name):
-            value = value.value  # torch.where(M[e])[1]
-        arg: ast.expr | None = None
-        if isinstance(value, ast.Call) and not value.keywords or (
-            isinstance(value, ast.Call) and [k.arg for k in value.keywords] == ["as_tuple"]
-        ):
-            fn = self.ctx.value_of(value.func)
-            if fn in (torch.where, torch.nonzero) and len(value.args) == 1:
-                arg = value.args[0]
-            elif isinstance(value.func, ast.Attribute) and value.func.attr == "nonzero" and not value.args:
-                arg = value.func.value
-        if not (
-            isinstance(arg, ast.Subscript)
-            and isinstance(arg.value, ast.Name)
-            and arg.value.id == mask
-            and isinstance(arg.slice, ast.Name)
-            and arg.slice.id == var
-        ):
-            return None
-        return names
-
-    @staticmethod
-    def _empty_guard(st: ast.stmt, empty: set[str]) -> bool:
-        """``if sel.shape[0] == 0: continue`` / ``numel() == 0`` / ``len(sel) == 0`` / ``not sel.numel()``."""
-        if not (isinstance(st, ast.If) and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Continue)):
-            return False
-        test = st.test
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            probe = test.operand
-        elif (
-            isinstance(test, ast.Compare)
-            and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)
-            and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == 0
-        ):
-            probe = test.left
-        else:
-            return False
-        text = ast.unparse(probe)
-        return any(text in (f"{n}.shape[0]", f"{n}.numel()", f"len({n})", f"{n}.size(0)") for n in empty)
-
-    @staticmethod
-    def _module_lookup(node: ast.expr, var: str) -> bool:
-        return (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.slice, ast.Name)
-            and node.slice.id == var
-            and isinstance(node.value, ast.Attribute)
-            and isinstance(node.value.value, ast.Name)
-            and node.value.value.id == "self"
-        )
-
-    def _index_write(
-        self, st: ast.stmt, empty: set[str], assigned: set[str], mask: str, var: str, modules: dict, where: str
-    ) -> bool:
-        """``acc.index_add_(d, sel, src)`` and friends, ``acc[sel] = v`` / ``acc[sel] += v``."""
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute):
-            call = st.value
-            position = _INDEX_MUTATORS.get(call.func.attr)
-            if position is None or call.keywords or len(call.args) != 3:
-                return False
-            index = call.args[position]
-            receiver = call.func.value
-            if not (isinstance(index, ast.Name) and index.id in empty):
-                raise Decline(f"{where} writes through an index that is not the empty selection")
-            self._accumulator(receiver, assigned, mask, where)
-            for arg in call.args:
-                self._pure(arg, var, mask, modules, where)
-            return True
-        if isinstance(st, (ast.Assign, ast.AugAssign)):
-            target = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else getattr(st, "target", None)
-            if not isinstance(target, ast.Subscript):
-                return False
-            if not (isinstance(target.slice, ast.Name) and target.slice.id in empty):
-                raise Decline(f"{where} stores through an index that is not the empty selection")
-            self._accumulator(target.value, assigned, mask, where)
-            self._pure(st.value, var, mask, modules, where)
-            return True
-        return False
-
-    @staticmethod
-    def _accumulator(node: ast.expr, assigned: set[str], mask: str, where: str) -> None:
-        if not isinstance(node, ast.Name) or node.id in assigned or node.id == mask:
-            raise Decline(f"{where} writes into something other than a tensor bound before the loop")
-
-    def _pure(self, node: ast.expr, var: str, mask: str, modules: dict[str, ast.expr], where: str) -> None:
-        for sub in ast.walk(node):
-            if isinstance(sub, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
-                raise Decline(f"{where}: `{ast.unparse(sub)}` is not a plain expression")
-            if not isinstance(sub, ast.Call):
-                continue
-            func = sub.func
-            if isinstance(func, ast.Attribute) and func.attr in RAISE_ON_EMPTY:
-                raise Decline(f"{where}: `{ast.unparse(sub)}` raises on an empty selection")
-            if isinstance(func, ast.Name) and func.id in modules:
-                self._modules_pure(modules[func.id], where)
-                continue
-            if self._module_lookup(func, var):  # self.experts[e](...)
-                self._modules_pure(func.value, where)
-                if not any(ast.dump(func.value) == ast.dump(c) for c in self.containers):
-                    self.containers.append(func.value)
-                continue
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-                self._modules_pure(func, where, single=True)
-                continue
-            value = self.ctx.value_of(func)
-            if value is not None and (
-                any(value is getattr(torch, n, None) for n in PURE_TORCH_FUNCTIONS)
-                or any(value is getattr(torch.nn.functional, n, None) for n in _F_PURE)
+    def _non_negative(self, mask: str) -> str | None:
+        """Why ``mask`` is not provably non-negative (None: it is): every value it
+        is bound to is one_hot or a comparison, through reshapes, or a reshape
+        of ``mask`` itself after such a value."""
+        values = sorted(self.facts.assignments.get(mask, []), key=lambda v: (v.lineno, v.col_offset))
+        if not values or mask in param_names(self.ctx.fdef):
+            return f"`{mask}` is a parameter or not assigned here, so it is not provably non-negative"
+        for position, node in enumerate(values):
+            while (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_METHODS
             ):
-                if value is torch.nn.functional.dropout:
-                    raise Decline(f"{where}: dropout draws random numbers even on an empty selection")
+                node = node.func.value
+            if isinstance(node, ast.Compare):
+                continue  # a bool tensor
+            if isinstance(node, ast.Call) and self.ctx.value_of(node.func) is torch.nn.functional.one_hot:
                 continue
-            if isinstance(func, ast.Attribute) and func.attr in PURE_TENSOR_METHODS and value is None:
-                continue
-            raise Decline(f"{where}: `{ast.unparse(func)}` is not known to be pure")
+            if position and isinstance(node, ast.Name) and node.id == mask:
+                continue  # a reshape of the earlier, non-negative value
+            return f"`{mask}` is not provably non-negative (only one_hot or a comparison, through reshapes)"
+        return None
 
-    def _modules_pure(self, node: ast.expr, where: str, single: bool = False) -> None:
-        """Every module ``self.<attr>`` can be (each element of a ModuleList) is pure."""
-        attr = node.attr if isinstance(node, ast.Attribute) else None
-        if attr is None:
-            raise Decline(f"{where}: the called module is not `self.<attribute>`")
-        values = self.ctx.attribute_values(attr)
-        if not values:
-            raise Decline(f"{where}: `self.{attr}` cannot be found on the live model")
-        for value in values:
-            members = [value] if single or not isinstance(value, (torch.nn.ModuleList, torch.nn.ModuleDict)) else (
-                list(value.values()) if isinstance(value, torch.nn.ModuleDict) else list(value)
-            )
-            for module in members:
-                reason = module_impurity(module)
-                if reason:
-                    raise Decline(f"{where}: {reason}")
 
-    def _check_not_read_after(self, loop: ast.For, var: str) -> None:
-        inside = {id(n) for n in ast.walk(loop)}
-        outside = [
-            n.id for n in ast.walk(self.ctx.fdef)
-            if id(n) not in inside and isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-        ]
-        leaked = sorted(set(outside) & self.assigned)
-        if leaked:
-            raise Decline(f"the loop's names {', '.join(leaked)} are read outside it (their last value would change)")
+def _assign(name: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=value)
 
 
 def _int_constant(node: ast.expr) -> int | None:

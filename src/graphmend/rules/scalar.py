@@ -13,7 +13,19 @@ or declined:
      ``range(n)``: the loop visits every index in the same ascending order,
      and for an index the filter dropped the selection is empty, so the body
      is a no-op there. An ``if sel.numel() == 0: continue`` guard in such a
-     body is dropped (it is a no-op by the same proof).
+     body is dropped (it is a no-op by the same proof). When ``M`` is not
+     provably non-negative (``one_hot`` or a comparison, through reshapes),
+     a zero sum does not mean an empty slice: the rewrite zeroes the slices
+     the filter drops first (``M.masked_fill(~flags, 0)``, read by the loop
+     under a fresh name), so their selection is empty. transformers 5's
+     forms are handled too: the list as rows, ``hit = torch.greater(
+     M.sum(...), 0).nonzero()`` (in a ``with torch.no_grad():`` block or not),
+     visited as ``[[i] for i in range(n)]``. The body reads ``e`` as that
+     one-element list (``M[e].squeeze(0)``) and ``e[0]``, or ``e`` after
+     ``e = e[0]``, as a Python int where it was a 0-dim tensor; each use is
+     one an int keeps: an index into a tensor or ModuleList of the model, an
+     index guard ``if e == self.n: continue``, a ModuleDict key
+     ``self[f"expert_{e[0]}"]`` (guarded: every key exists).
    * *a scalar fed to tensor arithmetic*: ``x * t.item()`` (also ``+``, ``-``)
      becomes ``x * t.detach()`` when ``x`` is a tensor and ``t`` is 0-dim with
      ``x``'s dtype and device (checked while tracing, the original runs
@@ -60,8 +72,12 @@ The ``if`` is on shapes only, so Dynamo decides it while tracing (no break).
 ## When it declines
 - the list is used other than as the iterable of the loop right after it,
   or the loop has an ``else``, ``break`` or ``return``;
-- the filter is not ``M.sum(dims) > 0`` over a provably non-negative ``M``
-  (``one_hot`` through reshapes, or a comparison) or ``M.any(dims)``;
+- the rows form: the body uses the index other than as above (``e * 2``,
+  a dict key, a row into a ModuleList);
+- an index ``C[e]`` into something the loop binds (each other ``C`` is
+  guarded ``len(C) >= n`` while tracing);
+- the filter is not ``M.sum(dims) > 0`` or ``M.any(dims)`` over every dim
+  of ``M`` but the first;
 - the loop body does anything that is not provably a no-op on an empty
   selection: a statement other than pure assignments, ``torch.where(M[e])``
   / ``nonzero``, ``index_add_`` / ``index_copy_`` / indexed stores through
@@ -93,7 +109,7 @@ from graphmend.analysis.facts import (
 )
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
-from graphmend.rules._full_loop import FullLoop, index_list
+from graphmend.rules._full_loop import FullLoop, claims
 from graphmend.rules._predicate import is_item_call, item_test
 from graphmend.rules.where import Where
 
@@ -116,7 +132,7 @@ class Scalar(Rule):
     passes = ("capture",)
 
     def rewrite(self, stmt: ast.stmt, ctx: RewriteContext) -> list[ast.stmt]:
-        if isinstance(stmt, ast.Assign) and index_list(stmt.value, ctx) is not None:
+        if claims(stmt, ctx):
             return FullLoop(stmt, ctx).rewrite()
         if isinstance(stmt, ast.Assign) and _host_read(stmt.value, ctx) is not None:
             return _TensorTests(stmt, ctx).rewrite()

@@ -28,13 +28,14 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     from graphmend.compat import check_environment
     from graphmend.discover.explain import explain_target
     from graphmend.models.targets import load_target
+    from graphmend.pipeline import judge
 
     check_environment()
     # The model's own prints go to stderr under --json so stdout stays valid JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
     with redirect:
         target = load_target(ns.target)
-        report = explain_target(target, calls=ns.calls, grad=ns.grad)
+        report = judge(explain_target(target, calls=ns.calls, grad=ns.grad), target)
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -48,18 +48,29 @@ def summary_line(report: ExplainReport) -> str:
         )
         if report.fallbacks_to_eager:
             head += f", {plural(report.fallbacks_to_eager, 'frame')} run eagerly"
-    rules: dict[str, int] = {}
-    for s in report.fixable:
-        rules[s.rule] = rules.get(s.rule, 0) + 1  # type: ignore[index]
-    out = len(report.sites) - len(report.fixable)
+    out = len(report.sites) - len(report.fixable) - len(report.declined)
     parts = [head]
     if report.sites:
-        fix = ", ".join(f"{r} {n}" for r, n in sorted(rules.items()))
+        fix = _by_rule(report.fixable)
         parts.append(f"{len(report.fixable)} fixable" + (f" ({fix})" if fix else ""))
+        if report.declined:
+            rules = load_rules()
+            measured = any("capture" in getattr(rules.get(s.rule), "passes", ()) for s in report.declined)
+            parts.append(
+                f"{len(report.declined)} declined by their rule ({_by_rule(report.declined)}"
+                + ("; `mend` measures capture for those" if measured else "") + ")"
+            )
         parts.append(f"{out} out of scope")
     parts.append(plural(report.recompiles, "recompile"))
     parts.append(f"{report.seconds:.1f} s")
     return " | ".join(parts)
+
+
+def _by_rule(sites: list) -> str:
+    counts: dict[str, int] = {}
+    for s in sites:
+        counts[s.rule] = counts.get(s.rule, 0) + 1
+    return ", ".join(f"{r} {n}" for r, n in sorted(counts.items()))
 
 
 def render_explain(report: ExplainReport, console: Console | None = None) -> None:
@@ -85,6 +96,8 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
             if site.events > 1:
                 reason += f"\n{site.events} events"
             verdict = Text(site.rule or "out of scope", style=_style(site.rule))
+            if site.declined:
+                verdict = Text(f"{site.rule}\ndeclines", style="yellow")
             table.add_row(  # Text, not markup: `h[mask]` is code, not a style tag
                 Text(site.category, style="bold"),
                 Text(where),
@@ -93,6 +106,9 @@ def render_explain(report: ExplainReport, console: Console | None = None) -> Non
                 verdict,
             )
         console.print(table)
+        for site in sites:  # the rule's own words, as `mend` reports them
+            if site.declined:
+                console.print(Text(f"{site.path}:{site.line}: [{site.rule}] declines: {site.declined}", style="yellow"))
         for cat in _CATEGORY_ORDER:
             if cat in report.categories:
                 rule, verdict = verdict_for(cat)
@@ -147,7 +163,7 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
                 Text(f"{o.path}:{o.line} in {o.function}"),
                 Text(_shorten(o.code)),
                 # A later rule's word on the site (passes/speculation.py) shows with the first one's.
-                Text("; ".join([o.reason] + [n for n in o.notes if n.startswith(("still breaks", "[speculate]"))])),
+                Text("; ".join([o.reason] + [n for n in o.notes if n.startswith(("still breaks", "no longer breaks", "[speculate]"))])),
             )
         console.print(table)
     for line in report.kept:
