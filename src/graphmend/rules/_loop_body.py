@@ -120,14 +120,15 @@ class LoopBody:
         allowed: set[int] = set()
         rows: set[int] = set()  # `var` itself (a list where it was a one-element tensor): tensor indices only
         for node in ast.walk(self.loop):
-            if isinstance(node, ast.Subscript) and self._tensor_or_modules(node.value, lists=False):
-                allowed.add(id(node.slice))
-            if isinstance(node, ast.Subscript) and self._tensor_or_modules(node.value, lists=True):
-                rows.add(id(node.slice))
+            if isinstance(node, ast.Subscript):
+                if self._tensor_or_modules(node.value, lists=False):
+                    allowed.add(id(node.slice))
+                if self._tensor_or_modules(node.value, lists=True):
+                    rows.add(id(node.slice))
             elif isinstance(node, ast.If) and self._index_guard(node):
                 allowed.add(id(node.test.left))
             elif isinstance(node, ast.FormattedValue) and node.conversion == -1 and node.format_spec is None:
-                allowed.add(id(node.value))
+                allowed.add(id(node.value))  # f"{t}" of a 0-dim tensor is f"{t.item()}" (Tensor.__format__)
         for node in ast.walk(self.loop):
             if id(node) in scalars and id(node) not in allowed:
                 raise Decline(f"`{ast.unparse(node)}` is {_SCALAR_USE}")
