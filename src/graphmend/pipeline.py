@@ -49,7 +49,7 @@ from graphmend.passes import (
     verification,
 )
 from graphmend.passes.capturing import CAPTURE_RULE
-from graphmend.passes.rounds import apply_round, rounds
+from graphmend.passes.rounds import apply_round, chains_seen, rounds
 from graphmend.passes.speculation import RULE as SPECULATE
 from graphmend.passes.speculation import may_run_twice
 from graphmend.rewrite.session import (
@@ -159,7 +159,7 @@ def judge(report: ExplainReport, target: Target, rules: tuple[str, ...] = DEFAUL
     here: ``mend`` measures it."""
     session = Session(target, tuple(rules), False, False, 1, Mending())
     session.before = session.current = report
-    session.observed = [p for s in report.sites for p in (s.paths or [s.frames]) if p]
+    session.observed = chains_seen(report.sites)
     try:
         with random_state_kept():
             apply_round(session, [s for s in report.sites if s.rule is not None], session.rules)

@@ -41,7 +41,7 @@ def rounds(session: Session, rules: tuple[str, ...], flags: tuple[str, ...] = ()
             break
         ran += 1
         checkpoint = session.checkpoint()
-        session.observed += [p for s in session.current.sites for p in (s.paths or [s.frames]) if p]
+        session.observed += chains_seen(session.current.sites)
         if apply_round(session, pending, rules) == 0:
             break
         try:
@@ -51,6 +51,11 @@ def rounds(session: Session, rules: tuple[str, ...], flags: tuple[str, ...] = ()
             session.current = session.retrace(flags)
             break
     return ran
+
+
+def chains_seen(sites: list[BreakSite]) -> list:
+    """Every frame chain the sites were reached by (``session.observed`` grows by these)."""
+    return [p for s in sites for p in (s.paths or [s.frames]) if p]
 
 
 def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ...], only: str | None = None) -> int:

@@ -17,11 +17,7 @@ from graphmend.analysis.facts import FunctionFacts
 from graphmend.analysis.purity import param_names
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import attr_of, load_name, make_call, place_at
-from graphmend.rules._loop_body import LoopBody
-
-_SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
-
-
+from graphmend.rules._loop_body import SHAPE_METHODS, LoopBody
 
 # --------------------------------------------------------------------------
 # a loop over a filtered index list
@@ -187,13 +183,7 @@ class FullLoop:
         if rows:
             original = _replace_flags(original, hit)
             index = self.ctx.fresh("i")
-            every: ast.expr = ast.ListComp(
-                elt=ast.List(elts=[load_name(index)], ctx=ast.Load()),
-                generators=[ast.comprehension(
-                    target=ast.Name(id=index, ctx=ast.Store()), iter=make_call(load_name("range"), copy.deepcopy(n)),
-                    ifs=[], is_async=0,
-                )],
-            )
+            every: ast.expr = _for_each_index(ast.List(elts=[load_name(index)], ctx=ast.Load()), index, n)
         else:
             original.func.value.value = _replace_flags(original.func.value.value, hit)
             every = make_call(load_name("range"), copy.deepcopy(n))
@@ -208,20 +198,14 @@ class FullLoop:
         ]
         for container in body.containers:
             guards.append(ast.Compare(left=make_call(load_name("len"), copy.deepcopy(container)), ops=[ast.GtE()], comparators=[n]))
-        for key, holes in body.keys:
+        for key in body.keys:
             index = self.ctx.fresh("key")
             key = copy.deepcopy(key)
             for part in key.values:
                 if isinstance(part, ast.FormattedValue):
                     part.value = load_name(index)
-            exists = ast.ListComp(
-                elt=ast.Compare(left=key, ops=[ast.In()], comparators=[load_name("self")]),
-                generators=[ast.comprehension(
-                    target=ast.Name(id=index, ctx=ast.Store()), iter=make_call(load_name("range"), copy.deepcopy(n)),
-                    ifs=[], is_async=0,
-                )],
-            )
-            guards.append(make_call(load_name("all"), exists))
+            exists = ast.Compare(left=key, ops=[ast.In()], comparators=[load_name("self")])
+            guards.append(make_call(load_name("all"), _for_each_index(exists, index, n)))
         return guards
 
     # -- the filter: T[i] is False exactly when M[i] is all zero ----------------
@@ -237,10 +221,9 @@ class FullLoop:
             if not (isinstance(right, ast.Constant) and right.value == 0):
                 raise Decline("the filter compares with something other than 0")
             mask, dims = self._reduction(flags.left, "sum")
-            unproven = self._non_negative(mask)
-            if unproven is None:
+            if self._non_negative(mask):
                 return mask, dims, f"`{mask}` is non-negative, so a zero sum means an all-zero slice"
-            self.gated = True  # why: `unproven`
+            self.gated = True
             return mask, dims, (
                 f"`{mask}` is not proven non-negative, so the slices the filter drops are zeroed first "
                 "(`masked_fill`) and their selection is empty"
@@ -266,16 +249,15 @@ class FullLoop:
             raise Decline("the reduction does not cover every dim but the first (checked: dims are distinct and not 0)")
         return node.func.value.id, dims
 
-    def _non_negative(self, mask: str) -> str | None:
-        """Why ``mask`` is not provably non-negative (None: it is): every value it
-        is bound to is one_hot or a comparison, through reshapes, or a reshape
-        of ``mask`` itself after such a value."""
+    def _non_negative(self, mask: str) -> bool:
+        """Every value ``mask`` is bound to is one_hot or a comparison, through
+        reshapes, or a reshape of ``mask`` itself after such a value."""
         values = sorted(self.facts.assignments.get(mask, []), key=lambda v: (v.lineno, v.col_offset))
         if not values or mask in param_names(self.ctx.fdef):
-            return f"`{mask}` is a parameter or not assigned here, so it is not provably non-negative"
+            return False
         for position, node in enumerate(values):
             while (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_METHODS
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_METHODS
             ):
                 node = node.func.value
             if isinstance(node, ast.Compare):
@@ -284,8 +266,19 @@ class FullLoop:
                 continue
             if position and isinstance(node, ast.Name) and node.id == mask:
                 continue  # a reshape of the earlier, non-negative value
-            return f"`{mask}` is not provably non-negative (only one_hot or a comparison, through reshapes)"
-        return None
+            return False
+        return True
+
+
+def _for_each_index(elt: ast.expr, index: str, n: ast.expr) -> ast.ListComp:
+    """``[elt for index in range(n)]``."""
+    return ast.ListComp(
+        elt=elt,
+        generators=[ast.comprehension(
+            target=ast.Name(id=index, ctx=ast.Store()), iter=make_call(load_name("range"), copy.deepcopy(n)),
+            ifs=[], is_async=0,
+        )],
+    )
 
 
 def _assign(name: str, value: ast.expr) -> ast.Assign:

@@ -36,7 +36,7 @@ from graphmend.analysis.purity import (
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._live import owners
 
-_SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
+SHAPE_METHODS = frozenset({"permute", "transpose", "view", "reshape", "flatten", "contiguous", "unsqueeze", "squeeze"})
 _INDEX_MUTATORS = {"index_add_": 1, "index_copy_": 1, "index_fill_": 1}  # method -> position of the index arg
 _F_PURE = frozenset(
     """linear silu gelu relu softmax log_softmax sigmoid tanh layer_norm rms_norm dropout embedding
@@ -55,7 +55,7 @@ class LoopBody:
     def __init__(self, ctx: RewriteContext, loop: ast.For, var: str, mask: str, rows: bool) -> None:
         self.ctx, self.loop, self.var, self.mask, self.rows = ctx, loop, var, mask, rows
         self.containers: list[ast.expr] = []  # C of C[var] besides the mask: len(C) >= n
-        self.keys: list[tuple[ast.JoinedStr, list[ast.AST]]] = []  # self[f"...{var[0]}..."]: each key exists
+        self.keys: list[ast.JoinedStr] = []  # self[f"...{var[0]}..."]: each key exists
         self.dropped: list[ast.stmt] = []  # empty-selection guards to remove
         self.assigned: set[str] = {var}
         first = loop.body[0]
@@ -116,7 +116,8 @@ class LoopBody:
     def _scalar_uses(self) -> None:
         """The rows form: each read of the index is one whose meaning an int keeps."""
         var = self.var
-        scalars = {id(n) for n in self._scalars()}
+        read = self._scalars()
+        scalars = {id(n) for n in read}
         allowed: set[int] = set()
         rows: set[int] = set()  # `var` itself (a list where it was a one-element tensor): tensor indices only
         for node in ast.walk(self.loop):
@@ -132,7 +133,7 @@ class LoopBody:
         for node in ast.walk(self.loop):
             if id(node) in scalars and id(node) not in allowed:
                 raise Decline(f"`{ast.unparse(node)}` is {_SCALAR_USE}")
-        inner = {id(n.value) for n in self._scalars()} if not self.unpacked else {id(self.loop.body[0].value.value)}
+        inner = {id(self.loop.body[0].value.value)} if self.unpacked else {id(n.value) for n in read}
         for node in ast.walk(self.loop):
             if (
                 isinstance(node, ast.Name) and node.id == var and isinstance(node.ctx, ast.Load)
@@ -195,9 +196,13 @@ class LoopBody:
 
     def _values(self, attr: str) -> list:
         """The live values of ``self.<attr>`` over the modules that run this function (all, if none is found)."""
+        return self.ctx.attribute_values(attr, self._running() or None)
+
+    def _running(self) -> list:
+        """The live modules that run this function (looked up once)."""
         if self._owners is None:
             self._owners = owners(self.ctx.model, self.ctx.fdef, self.ctx.filename)
-        return self.ctx.attribute_values(attr, self._owners or None)
+        return self._owners
 
     # -- statements --------------------------------------------------------------
 
@@ -224,7 +229,7 @@ class LoopBody:
             elif isinstance(value.func, ast.Attribute) and value.func.attr == "nonzero" and not value.args:
                 arg = value.func.value
         while (  # M[e].squeeze(0): the same values, so the same emptiness
-            isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in _SHAPE_METHODS
+            isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in SHAPE_METHODS
             and not arg.keywords and all(isinstance(a, ast.Constant) for a in arg.args)
         ):
             arg = arg.func.value
@@ -326,16 +331,15 @@ class LoopBody:
         holes = [p.value for p in parts if isinstance(p, ast.FormattedValue)]
         if not holes or not all(id(h) in scalars or (not self.rows and ast.unparse(h) == self.var) for h in holes):
             raise Decline(f"{where}: the module key `{ast.unparse(func.slice)}` holds something besides the index")
-        if self._owners is None:
-            self._owners = owners(self.ctx.model, self.ctx.fdef, self.ctx.filename)
-        if not self._owners or not all(isinstance(m, torch.nn.ModuleDict) for m in self._owners):
+        running = self._running()
+        if not running or not all(isinstance(m, torch.nn.ModuleDict) for m in running):
             raise Decline(f"{where}: `self[...]` is not a ModuleDict of the model")
-        for owner in self._owners:
+        for owner in running:
             for module in owner.values():
                 reason = module_impurity(module)
                 if reason:
                     raise Decline(f"{where}: {reason}")
-        self.keys.append((func.slice, holes))
+        self.keys.append(func.slice)
         return True
 
     def _modules_pure(self, node: ast.expr, where: str, single: bool = False) -> None:
