@@ -128,7 +128,7 @@ def test_the_readmes_rules_table_is_the_registrys():
         text = fh.read()
     block = text.split("<!-- rules:begin -->\n", 1)[1].split("<!-- rules:end -->", 1)[0]
     assert block == gen_rules_table.table()
-    assert block.count("\n| `") == 6  # where, defer, trap, scalar, speculate, reassign
+    assert block.count("\n| `") == 7  # where, defer, trap, scalar, speculate, reassign, compiling
 
 
 def test_the_readme_stays_a_users_page():

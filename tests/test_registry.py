@@ -38,7 +38,7 @@ def test_a_category_is_claimed_by_one_rule_whose_verdict_explain_shows():
 
 
 def test_the_defaults_come_from_the_rules_in_rank_order():
-    assert DEFAULT_RULES == default_rules() == ("where", "defer", "trap", "scalar", "speculate", "reassign")
+    assert DEFAULT_RULES == default_rules() == ("where", "defer", "trap", "scalar", "speculate", "reassign", "compiling")
     ranks = [RULES[n].rank for n in DEFAULT_RULES]
     assert ranks == sorted(set(ranks))
 

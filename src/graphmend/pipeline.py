@@ -114,14 +114,19 @@ GONE = "no longer breaks after mending (another site's mend removed it)"
 
 def note_still_breaking(session: Session) -> None:
     """Sites still breaking after their rewrite keep "applied" but say so; a
-    declined site that no longer breaks (a loop rewrite removed the branch in
-    its body, say) keeps "declined", as no rule of its own applied, and says so."""
+    declined site, or an out-of-scope break of the original, that no longer
+    breaks (a loop rewrite removed the branch in its body, a [Compiling] rewrite
+    the exception) keeps its status, as no rule of its own applied, and says so."""
     remaining = {key(s): s for s in session.current.sites}
+    original = {key(s) for s in session.before.sites} if session.before is not None else set()
     for found in session.outcomes.values():
         found.notes = [n for n in found.notes if not n.startswith(_STILL) and n != GONE]
-        if found.status == Status.APPLIED and (found.file, found.line) in remaining:
-            found.notes.append(_STILL + _why(remaining[(found.file, found.line)]))
-        elif found.status == Status.DECLINED and (found.file, found.line) not in remaining:
+        at = (found.file, found.line)
+        if found.status == Status.APPLIED and at in remaining:
+            found.notes.append(_STILL + _why(remaining[at]))
+        elif at not in remaining and (
+            found.status == Status.DECLINED or (found.status == Status.OUT_OF_SCOPE and at in original)
+        ):  # (an out-of-scope break only a mend taken back made is no break of the original)
             found.notes.append(GONE)
 
 

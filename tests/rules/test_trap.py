@@ -1382,3 +1382,43 @@ def test_a_static_operand_that_guards_the_next_one_declines():
         "`mask is not None` may guard the operands after it, which would be evaluated on every call"
     )
     assert torch.equal(GuardedByNone()(GOOD), GOOD * 2)
+
+
+class CheckThenPredicatedBufferStore(nn.Module):
+    """Found by the fuzzer (seed 22): the check inside the first `if` is trapped
+    before [Where] rewrites the second, and its scan saw `self.running = ...`, a
+    rebinding the trap puts back. [Where] then made the store a copy into the
+    buffer (`runtime.store`, keeping the buffer Dynamo guards on): putting the
+    binding back kept the new data, and the failed call left `running` changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running", torch.zeros(4))
+        self.calls = 0
+
+    def forward(self, x):
+        h = x * 1.0
+        if (h > 1).any():
+            torch._assert(torch.isfinite(h).all(), "value out of range")
+        else:
+            self.calls = self.calls + 1
+        if torch.isinf(h).any():
+            self.running = h.mean(0).detach()
+        return h * 2
+
+
+def test_a_check_trapped_before_a_store_became_a_copy_into_the_buffer_puts_its_data_back():
+    model = CheckThenPredicatedBufferStore()
+    expected_model = copy.deepcopy(model)
+    x = torch.tensor([[2.0, float("inf"), -1.0, 0.5], [1.0, 3.0, 0.0, -2.0]])
+    expected = run(expected_model, x)
+    assert expected.exception == ("AssertionError", "value out of range")
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.ones(2, 4) * 2,))
+    outcomes = {o.line - CheckThenPredicatedBufferStore.forward.__code__.co_firstlineno: (o.rule, o.status) for o in compiled.report.outcomes}
+    assert outcomes[3] == ("trap", "applied") and outcomes[6] == ("where", "applied"), outcomes
+    got = run(compiled, x)
+    assert got.exception == expected.exception
+    assert torch.equal(model.running, expected_model.running) and torch.equal(model.running, torch.zeros(4))
+    for y in (torch.ones(2, 4) * 2, x.nan_to_num(posinf=5.0)):  # later calls as eager's
+        assert torch.equal(compiled(y), expected_model(y))
+        assert torch.equal(model.running, expected_model.running)

@@ -151,6 +151,39 @@ def calls_in(node: ast.AST) -> list[ast.Call]:
     return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
 
+# The names of the functions that answer "is the compiler tracing this?"
+# (torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling,
+# torch._dynamo.is_compiling, transformers' is_torchdynamo_compiling).
+COMPILER_CHECKS = ("is_compiling", "is_dynamo_compiling", "is_torchdynamo_compiling")
+
+
+def compiler_checks(node: ast.AST) -> list[ast.Call]:
+    """The argument-less calls in ``node`` named like a compiler check: by name
+    only (what a name refers to is for a rule to prove)."""
+    return [
+        c for c in calls_in(node)
+        if not c.args and not c.keywords and (dotted_name(c.func) or "").rsplit(".", 1)[-1] in COMPILER_CHECKS
+    ]
+
+
+def statements_of(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    """Every statement of ``fdef``'s body at any depth, in source order, not
+    descending into nested function or class definitions."""
+    out: list[ast.stmt] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                out.append(child)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                visit(child)
+
+    visit(fdef)
+    return out
+
+
 def dotted_name(node: ast.AST) -> str | None:
     """``a.b.c`` for a Name/Attribute chain, else None."""
     parts: list[str] = []
@@ -169,6 +202,7 @@ RUNTIME_NAME = "__graphmend_rt__"
 
 
 EFFECTS = ("print_", "log", "warn")  # the runtime functions that record a deferred effect
+STORES = ("store", "register_buffer")  # runtime functions that set a module attribute (or copy into its buffer)
 
 
 def is_runtime_call(node: ast.AST, *names: str) -> bool:

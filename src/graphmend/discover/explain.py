@@ -41,7 +41,12 @@ from typing import Any
 import torch
 
 from graphmend.discover.isolation import random_state_kept
-from graphmend.discover.sites import BreakSite, assert_sites, group_sites
+from graphmend.discover.sites import (
+    BreakSite,
+    assert_sites,
+    compiler_check_sites,
+    group_sites,
+)
 from graphmend.discover.trace import Trace, trace_breaks
 from graphmend.models.targets import (
     Target,
@@ -122,6 +127,7 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
     sites = group_sites(trace.events)
     asserts = [a for g in trace.graphs for a in g.asserts]
     sites += assert_sites(asserts, {(s.file, s.line) for s in sites})
+    sites += compiler_check_sites(sites)
     report = ExplainReport(
         target=name,
         graphs=trace.graph_count,

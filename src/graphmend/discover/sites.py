@@ -22,10 +22,14 @@ from graphmend.analysis.effects import (
 )
 from graphmend.analysis.source import (
     calls_in,
+    compiler_checks,
+    defs_containing,
     dotted_name,
     header_expr,
+    parse_file,
     source_line,
     statement_at,
+    statements_of,
 )
 from graphmend.discover.trace import (
     BreakEvent,
@@ -42,6 +46,7 @@ CATEGORIES: dict[str, str] = {
     "TI": ".item() / .tolist() / scalar conversion",
     "DO": "data-dependent output shape",
     "AS": "attribute refreshed from itself (a cache kept on the input's device or dtype)",
+    "CC": "a compiler check on the way to an exception only the compiled model raises",
     "DS": "dynamic shape",
     "UNSUP": "other unsupported call",
     "OTHER": "other",
@@ -64,6 +69,7 @@ GRAPH_BREAK_IDS: dict[str, str] = {
     "GB0033": "Data dependent operator",
     "GB0036": "Dynamic shape operator",
     "GB0059": "Failed to trace builtin operator",
+    "GB0088": "Observed exception",
     "GB0109": "Tensor.tolist() with non-integer tensor",
     "GB0124": "Unsupported Tensor.item() call with capture_scalar_outputs=False",
     "GB0170": "Data-dependent branching",
@@ -192,7 +198,7 @@ def verdict_for(category: str) -> tuple[str | None, str]:
     return None, "out of scope: " + OUT_OF_SCOPE.get(category, OUT_OF_SCOPE["OTHER"])
 
 
-_PRIORITY = ["VG", "DC", "LC", "TI", "DO", "AS", "DS", "UNSUP", "OTHER"]
+_PRIORITY = ["VG", "DC", "LC", "TI", "DO", "AS", "CC", "DS", "UNSUP", "OTHER"]
 
 
 def _chain(event: BreakEvent, site: Frame) -> list[Frame]:
@@ -277,4 +283,38 @@ def assert_sites(asserts: list[tuple[str, int, str]], known: set[tuple[str, int]
             category="VG", reason=ASSERT_REASON, gb_id=None, rule=rule, verdict=verdict, events=0,
             frames=[Frame(file, stmt.lineno, function, source_line(file, stmt.lineno))],
         )
+    return list(out.values())
+
+
+def _observed_exception(site: BreakSite) -> bool:
+    """Dynamo met an exception no frame it traced catches (GB0088). The model ran
+    eagerly without one first, so the compiled code took another path."""
+    return site.gb_id == "GB0088" or site.reason.lower().startswith("observed exception")
+
+
+def compiler_check_sites(sites: list[BreakSite]) -> list[BreakSite]:
+    """Sites for the statements that ask whether the compiler is running
+    (``is_compiling()``, by name) in the functions on the way to an exception
+    only the compiled model raises: each frame of the chains to such a site.
+    transformers 5's LongT5 skips building a default mask when
+    ``is_torchdynamo_compiling()`` and then reads the mask it did not build."""
+    out: dict[tuple[str, int], BreakSite] = {}
+    known = {(s.file, s.line) for s in sites}
+    for site in filter(_observed_exception, sites):
+        for chain in site.paths or [site.frames]:
+            for depth, frame in enumerate(chain):
+                parsed = parse_file(frame.file)
+                defs = defs_containing(parsed.tree, frame.line) if parsed is not None else []
+                for stmt in statements_of(defs[0]) if defs else []:
+                    key = (frame.file, stmt.lineno)
+                    if key in known or key in out or not compiler_checks(header_expr(stmt)):
+                        continue
+                    rule, verdict = verdict_for("CC")
+                    code = source_line(frame.file, stmt.lineno)
+                    out[key] = BreakSite(
+                        file=frame.file, line=stmt.lineno, function=defs[0].name, code=code, category="CC",
+                        reason=site.reason, gb_id=None, rule=rule, verdict=verdict, events=0,
+                        frames=[*chain[:depth], Frame(frame.file, stmt.lineno, defs[0].name, code)],
+                        detail=f"the compiled model raises at {site.path}:{site.line}: {site.code}",
+                    )
     return list(out.values())

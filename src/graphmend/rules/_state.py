@@ -48,6 +48,7 @@ from graphmend.analysis.purity import (
     stores,
 )
 from graphmend.analysis.source import (
+    STORES,
     definition_of,
     inside_try,
     module_namespace,
@@ -183,6 +184,10 @@ class StateScan:
                 if changed is not None and root_of(changed) not in local:
                     return f"`{ast.unparse(sub)}` changes `{ast.unparse(changed)}` in place (line {sub.lineno})"
                 if isinstance(func, ast.Attribute) and root_of(func) == "__graphmend_rt__":
+                    if func.attr in STORES:  # a predicated store: not deferred
+                        reason = self._runtime_store(sub, local, ctx)
+                        if reason:
+                            return reason
                     continue  # a deferred effect: dropped when the check fails, as intended
                 if is_side_effect_call(sub):
                     if watched_effect(sub, namespace):
@@ -313,6 +318,22 @@ class StateScan:
             values = self._self_values(target.attr, ctx)
             return bool(values) and all(type(v) in (int, float, bool) for v in values)
         return True
+
+    def _runtime_store(self, call: ast.Call, local: set[str], ctx: RewriteContext) -> str | None:
+        """``runtime.store(m, "x", v)`` ([Where]'s predicated ``m.x = v``; ``register_buffer``
+        alike) rebinds ``m.x``, or copies ``v`` into the buffer ``m.x`` holds: both put back
+        for the check's ``self``, as a store and as an in-place change."""
+        if len(call.args) < 2 or not isinstance(call.args[1], ast.Constant) or not isinstance(call.args[1].value, str):
+            return f"`{ast.unparse(call)}` (line {call.lineno})"
+        target = ast.Attribute(value=call.args[0], attr=call.args[1].value, ctx=ast.Store())
+        if self._undoable(target, call, ctx):  # type: ignore[arg-type]
+            self.undo.add(target.attr)
+            if self._restorable(target, ctx):
+                self.undo_data.add(target.attr)
+            return None
+        if root_of(call.args[0]) in local:
+            return None
+        return f"`{ast.unparse(target)} = ...` (`{ast.unparse(call.func)}`, line {call.lineno})"
 
     def _restorable(self, receiver: ast.AST, ctx: RewriteContext) -> bool:
         """``self.<attr>`` of the check's ``self``, a tensor on every module

@@ -80,12 +80,19 @@ class Trap(NamedTuple):
 
 def kept_attributes(keep: Any) -> tuple:
     """``keep``, (obj, names, tensor names) or None: each attribute as it is
-    now, and a copy of each tensor's data (Trap.kept)."""
+    now, and a copy of the data of each tensor named or held by a named
+    attribute (Trap.kept). A store the check was proven before may have become
+    a copy into the buffer it rebound ([Where]'s ``runtime.store`` of a later
+    round): putting the binding back alone would keep the new data."""
     if keep is None:
         return ()
     obj, names, data = keep
     kept = [(obj, name, hasattr(obj, name), getattr(obj, name, None)) for name in names]
-    return tuple(kept + [(getattr(obj, name), None, True, getattr(obj, name).detach().clone()) for name in data])
+    tensors: list = []
+    for t in [getattr(obj, name) for name in data] + [v for _, _, _, v in kept if isinstance(v, torch.Tensor)]:
+        if not any(t is u for u in tensors):
+            tensors.append(t)
+    return tuple(kept + [(t, None, True, t.detach().clone()) for t in tensors])
 
 
 def _put_back(kept: tuple) -> None:
