@@ -300,6 +300,7 @@ def compiler_check_sites(sites: list[BreakSite]) -> list[BreakSite]:
     ``is_torchdynamo_compiling()`` and then reads the mask it did not build."""
     out: dict[tuple[str, int], BreakSite] = {}
     known = {(s.file, s.line) for s in sites}
+    rule, verdict = verdict_for("CC")
     for site in filter(_observed_exception, sites):
         for chain in site.paths or [site.frames]:
             for depth, frame in enumerate(chain):
@@ -309,7 +310,6 @@ def compiler_check_sites(sites: list[BreakSite]) -> list[BreakSite]:
                     key = (frame.file, stmt.lineno)
                     if key in known or key in out or not compiler_checks(header_expr(stmt)):
                         continue
-                    rule, verdict = verdict_for("CC")
                     code = source_line(frame.file, stmt.lineno)
                     out[key] = BreakSite(
                         file=frame.file, line=stmt.lineno, function=defs[0].name, code=code, category="CC",

@@ -172,20 +172,17 @@ class StateScan:
             if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                 for t in stores(targets):
-                    if self._undoable(t, sub, ctx):
-                        self.undo.add(t.attr)  # type: ignore[union-attr]  # put back when the check raises
-                    elif isinstance(t, ast.Subscript) and self._restorable(t.value, ctx):
-                        self.undo_data.add(t.value.attr)  # type: ignore[attr-defined]  # `self.buf[i] = v`
-                    elif root_of(t) not in local:
-                        return f"`{ast.unparse(t)} = ...` (line {sub.lineno})"
+                    reason = self._store(t, sub, local, ctx)
+                    if reason:
+                        return reason
             elif isinstance(sub, ast.Call):
                 func = sub.func
                 changed = in_place_argument(sub)  # `F.relu(h, inplace=True)`
                 if changed is not None and root_of(changed) not in local:
                     return f"`{ast.unparse(sub)}` changes `{ast.unparse(changed)}` in place (line {sub.lineno})"
                 if isinstance(func, ast.Attribute) and root_of(func) == "__graphmend_rt__":
-                    if func.attr in STORES:  # a predicated store: not deferred
-                        reason = self._runtime_store(sub, local, ctx)
+                    if func.attr in STORES:  # `runtime.store(m, "x", v)`, [Where]'s `m.x = v`: not deferred
+                        reason = self._store(_stored_attribute(sub), sub, local, ctx)
                         if reason:
                             return reason
                     continue  # a deferred effect: dropped when the check fails, as intended
@@ -319,21 +316,16 @@ class StateScan:
             return bool(values) and all(type(v) in (int, float, bool) for v in values)
         return True
 
-    def _runtime_store(self, call: ast.Call, local: set[str], ctx: RewriteContext) -> str | None:
-        """``runtime.store(m, "x", v)`` ([Where]'s predicated ``m.x = v``; ``register_buffer``
-        alike) rebinds ``m.x``, or copies ``v`` into the buffer ``m.x`` holds: both put back
-        for the check's ``self``, as a store and as an in-place change."""
-        if len(call.args) < 2 or not isinstance(call.args[1], ast.Constant) or not isinstance(call.args[1].value, str):
-            return f"`{ast.unparse(call)}` (line {call.lineno})"
-        target = ast.Attribute(value=call.args[0], attr=call.args[1].value, ctx=ast.Store())
-        if self._undoable(target, call, ctx):  # type: ignore[arg-type]
-            self.undo.add(target.attr)
-            if self._restorable(target, ctx):
-                self.undo_data.add(target.attr)
-            return None
-        if root_of(call.args[0]) in local:
-            return None
-        return f"`{ast.unparse(target)} = ...` (`{ast.unparse(call.func)}`, line {call.lineno})"
+    def _store(self, target: ast.AST, stmt: ast.AST, local: set[str], ctx: RewriteContext) -> str | None:
+        """Why a store to ``target`` could change state, or None: a local's, or
+        one the runtime puts back when the check raises (collected)."""
+        if self._undoable(target, stmt, ctx):  # type: ignore[arg-type]
+            self.undo.add(target.attr)  # type: ignore[attr-defined]  # its tensor's data is kept too (records)
+        elif isinstance(target, ast.Subscript) and self._restorable(target.value, ctx):
+            self.undo_data.add(target.value.attr)  # type: ignore[attr-defined]  # `self.buf[i] = v`
+        elif root_of(target) not in local:
+            return f"`{ast.unparse(target)} = ...` (line {stmt.lineno})"  # type: ignore[attr-defined]
+        return None
 
     def _restorable(self, receiver: ast.AST, ctx: RewriteContext) -> bool:
         """``self.<attr>`` of the check's ``self``, a tensor on every module
@@ -578,6 +570,15 @@ class StateScan:
                     self._scanned[key] = f"{cls.__name__}.forward: {reason}"
                     return self._scanned[key]
         return None
+
+
+def _stored_attribute(call: ast.Call) -> ast.expr:
+    """``m.x`` for ``runtime.store(m, "x", v)`` / ``runtime.register_buffer(m, "x", v)``
+    (which rebind it, or copy into the buffer it holds); the call itself when
+    the name is not a constant (judged as a store to something unknown)."""
+    if len(call.args) >= 2 and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, str):
+        return ast.Attribute(value=call.args[0], attr=call.args[1].value, ctx=ast.Store())
+    return call
 
 
 _UNRESOLVED = object()  # a lookup that found nothing (None means: found, and clean)

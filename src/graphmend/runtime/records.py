@@ -81,9 +81,9 @@ class Trap(NamedTuple):
 def kept_attributes(keep: Any) -> tuple:
     """``keep``, (obj, names, tensor names) or None: each attribute as it is
     now, and a copy of the data of each tensor named or held by a named
-    attribute (Trap.kept). A store the check was proven before may have become
-    a copy into the buffer it rebound ([Where]'s ``runtime.store`` of a later
-    round): putting the binding back alone would keep the new data."""
+    attribute (Trap.kept). A store after the check that [Where] rewrites once
+    the check's trap is written may become a copy into the buffer it rebound
+    (``runtime.store``): putting the binding back alone would keep the new data."""
     if keep is None:
         return ()
     obj, names, data = keep
