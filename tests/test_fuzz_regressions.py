@@ -48,26 +48,67 @@ def test_a_graph_the_backend_failed_on_is_gone_and_outputs_and_gradients_match_e
     into one graph, and under grad AOTAutograd refused it (the backward of the returned `s` needs the
     amax result changed in place) where eager runs; graphmend's backend ran that graph as captured
     (test_failure_safety::test_a_graph_the_backend_fails_on_runs_as_captured_with_one_warning keeps
-    that path). Since [Where] predicates under grad (issue 24) the mend makes other graphs (12 -> 8),
-    none of which the backend fails on; every arm, gradients included, still matches eager."""
+    that path). Since [Where] predicates under grad (issue 24) the mend makes other graphs (12 -> 8).
+    Since a record keeps a tensor that requires grad as itself, the log of `h.norm()` no longer breaks
+    the graph under grad, so `s.add_(1)` after it is in the graph again: the backend fails on that one
+    graph, which runs as captured; every arm, gradients included, still matches eager."""
     from fuzz.runner import check_program
 
     result = check_program(fixture_program("fuzz_aot_grad.py"), seed=369, start=5, grad=True, aot=True)
     assert result.status == "checked" and result.graphs == (12, 8)
     assert result.mismatches == [], result.mismatches[:2]
-    assert result.fallbacks == 0
+    assert result.fallbacks == 1
 
 
-def test_an_inplace_autograd_error_the_original_shows_under_aot_eager_is_the_backends():
-    """Found by the fuzzer (seed 9): under grad, AOTAutograd fails the backward of the mended program
-    (an in-place change of a tensor a compiled graph saved) where eager runs; the original under
-    aot_eager fails the same way at the same calls, naming another node. A backend difference."""
+def _aot_grad_errors(program, seed):
+    """The original under ``torch.compile(backend="aot_eager")`` with grad, on the fuzzer's inputs:
+    each call's error (None where forward and backward ran)."""
+    import tempfile
+
+    from fuzz.runner import inputs_for, load
+
+    torch.manual_seed(0)
+    compiled = torch.compile(load(program, tempfile.mkdtemp()).Model(), backend="aot_eager")
+    errors = []
+    for x in inputs_for(seed):
+        try:
+            out = compiled(x.clone().requires_grad_())
+            sum(o.sum() for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad).backward()
+            errors.append(None)
+        except (RuntimeError, ValueError) as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_an_inplace_autograd_error_the_original_shows_under_aot_eager_is_gone_once_mended():
+    """Found by the fuzzer (seed 9): under grad, AOTAutograd failed the backward of the mended program
+    (an in-place change of a tensor a compiled graph saved) where eager runs, and the original under
+    aot_eager fails the same way. A tensor that requires grad is now recorded as itself, so the log
+    call of `h.norm()` leaves no graph break under grad, and the in-place change is in the same
+    graph: the mended program runs like eager under aot_eager, gradients included."""
     from fuzz.runner import check_program
 
-    result = check_program(fixture_program("fuzz_aot_inplace.py"), seed=1, start=6, grad=True, aot=True)
+    program = fixture_program("fuzz_aot_inplace.py")
+    errors = _aot_grad_errors(program, seed=1)
+    assert sum("modified by an inplace operation" in (e or "") for e in errors) == 7, errors
+    result = check_program(program, seed=1, start=6, grad=True, aot=True)
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
-    assert any("modified by an inplace operation" in d for d in result.backend_differences)
+    assert result.backend_differences == []
+
+
+def test_a_logged_tensor_that_requires_grad_breaks_no_graph_that_a_later_inplace_change_needs():
+    """Found by the fuzzer (seed 22): a log call of `h.norm()` under grad ran at once, a graph break,
+    after [Trap] had joined the code before it into one graph with the returned `s`; `h.copy_(...)`
+    after the break changed the `h` that graph saved for the norm, and aot_eager failed the backward
+    on calls 3 and 4 ("modified by an inplace operation") where eager and the original run. The record
+    keeps the tensor itself now (it prints eager's `grad_fn`), so no break is left between them."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_log_grad_inplace.py"), seed=65535, start=0, grad=True, aot=True)
+    assert result.status == "checked"
+    assert result.mismatches == [], result.mismatches[:2]
+    assert result.backend_differences == []
 
 
 def _input_mutated_in_a_graph(h):

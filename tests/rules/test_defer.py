@@ -842,7 +842,8 @@ def _effects_of(call, x, grad):
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 def test_printed_tensors_that_require_grad_keep_eager_text(grad):
     """A snapshot is a detached copy: it would print without `grad_fn=<AmaxBackward0>` (or an
-    input's `requires_grad=True`). Under grad such a call runs at once, the rest is deferred."""
+    input's `requires_grad=True`). A tensor that requires grad is recorded as itself beside its
+    copy and prints as itself: eager's text, and no graph break in either grad mode."""
     torch.manual_seed(0)
     model = PrintsUnderGrad()
     x = torch.randn(2, 4)
@@ -851,9 +852,43 @@ def test_printed_tensors_that_require_grad_keep_eager_text(grad):
     mended = _effects_of(c, x, grad)
     assert mended.effects() == eager.effects()
     assert ("grad_fn=<AmaxBackward0>" in eager.stdout) == grad
-    assert len(backend.graphs) == (3 if grad else 1)  # under grad: a break at each call that shows grad_fn
-    still = [n for o in c.report.outcomes for n in o.notes if n.startswith("still breaks")]
-    assert still == (["still breaks: run at once, as the original: no deferral region is open, or its text names autograd"] * 2 if grad else [])
+    assert len(backend.graphs) == 1
+    assert [n for o in c.report.outcomes for n in o.notes if n.startswith("still breaks")] == []
+
+
+class PrintsThenChangesInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        print("h", h)
+        h.mul_(2)
+        return h.sum()
+
+
+def test_a_printed_tensor_changed_in_place_later_prints_the_values_it_had_at_the_call():
+    """Under grad the record keeps the tensor itself; `h.mul_(2)` after the print changes it (and
+    its grad_fn), so the flush prints the copy made at the call, marked `requires_grad=True`: the
+    values are eager's, the grad_fn name is not known any more. A mend made under grad sees the
+    difference and takes the deferral back; one made under no_grad prints so under grad."""
+    torch.manual_seed(0)
+    model = PrintsThenChangesInPlace()
+    x = torch.randn(2, 4)
+    eager = _effects_of(model, x, True)
+    assert "grad_fn=<AddmmBackward0>" in eager.stdout
+    c, backend = compiled(model)
+    mended = _effects_of(c, x, True)
+    assert mended.effects() == eager.effects() and torch.equal(mended.output, eager.output)
+    assert [(o.status.value, o.reason.split(":")[0]) for o in c.report.outcomes] == [("reverted", "verification found a difference")]
+    graphmend.unmend()
+    c, backend = compiled(model)
+    assert _effects_of(c, x, False).effects() == _effects_of(model, x, False).effects()
+    assert [o.status.value for o in c.report.outcomes] == ["applied"]
+    mended = _effects_of(c, x, True)
+    assert mended.stdout == eager.stdout.replace("grad_fn=<AddmmBackward0>", "requires_grad=True")
+    assert torch.equal(mended.output, eager.output)
 
 
 def test_an_input_that_requires_grad_prints_as_eager_under_no_grad():

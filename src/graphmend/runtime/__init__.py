@@ -10,7 +10,8 @@ calls mended code makes.
 **Regions.** ``region()`` opens a deferral region around one call of a
 compiled model; ``graphmend.compile`` opens it for you. Inside a region the
 [Defer] calls below *record* their effect, with tensor arguments snapshotted
-at the call; when the outermost region closes (normally or by an exception)
+at the call (a tensor that requires grad is kept with its snapshot, so that it
+prints its ``grad_fn`` as eager does: ``records._snap``); when the outermost region closes (normally or by an exception)
 the records are performed in FIFO order. Outside a region they perform the
 effect at once, exactly as the original code did, so an eager call of a
 mended function behaves like the original.
@@ -77,7 +78,6 @@ from graphmend.runtime.records import (
     Site,
     Trap,
     Warn,
-    _is_deferred,
     _log_now,
     _module_of,
     _perform_call,
@@ -159,32 +159,10 @@ def lazy(kind: str, value: Any) -> Any:
 # the deferred calls
 
 
-def _shows_autograd(value: Any) -> bool:
-    """Whether the text of ``value`` names autograd: a tensor that requires grad
-    prints ``grad_fn=<...>`` or ``requires_grad=True``, which a snapshot (a
-    detached copy) would lose. Such a call acts at once (a graph break where it
-    is compiled), so its text is eager's. A parameter is recorded as itself; a
-    host conversion at flush (``lazy``) shows only the number. Dynamo decides
-    this while tracing: ``requires_grad`` is part of what it guards on."""
-    if isinstance(value, torch.nn.Parameter):
-        return False
-    if isinstance(value, torch.Tensor):
-        return value.requires_grad
-    if _is_deferred(value) and value[1] == _FSTR:  # a part with a format spec shows the number only
-        return any(_shows_autograd(p if isinstance(p, str) or p[1] or not p[2] else None) for p in value[2])
-    if _is_deferred(value):
-        return value[1] != _LAZY and any(_shows_autograd(v) for v in value[2:])
-    if type(value) in (tuple, list):
-        return any(_shows_autograd(v) for v in value)
-    if type(value) is dict:
-        return any(_shows_autograd(v) for v in value.values())
-    return False
-
-
 def print_(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
     """``print(*args, **kwargs)``; in a branch [Where] computes on every call, only
     ``when`` its branch is taken (a 0-dim bool tensor, read at flush)."""
-    if not _recording() or _shows_autograd((args, kwargs)):
+    if not _recording():
         _exported(site, "print")
         _print_now(args, kwargs, when)
     else:
@@ -211,7 +189,7 @@ def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict, when: A
         _exported(site, f"call of `{method}`")
         _perform_call(logger, method, args, kwargs, when)
         return
-    if not _recording() or _shows_autograd((args, kwargs)):
+    if not _recording():
         _exported(site, f"`logger.{method}` call")
         _log_now(site, logger, method, args, kwargs, when)
         return
@@ -221,7 +199,7 @@ def log(site: Site, logger: Any, method: str, args: tuple, kwargs: dict, when: A
 
 def warn(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
     """``warnings.warn(*args, **kwargs)`` (stacklevel 1); ``when`` as ``print_``'s."""
-    if not _recording() or _shows_autograd((args, kwargs)):
+    if not _recording():
         _exported(site, "`warnings.warn` call")
         _warn_now(site, args, kwargs, when)
     else:

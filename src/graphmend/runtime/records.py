@@ -25,7 +25,7 @@ class _Marker:
 
 
 _DEFER = _Marker()
-_FSTR, _PCT, _FMT, _LAZY = "f-string", "percent", "format", "lazy"
+_FSTR, _PCT, _FMT, _LAZY, _LIVE = "f-string", "percent", "format", "lazy", "live"
 
 
 def _is_deferred(value: Any) -> bool:
@@ -122,9 +122,19 @@ class Observed(NamedTuple):
 
 
 def _snap(value: Any) -> Any:
+    """What a record keeps of an argument: tensors copied at the call. A tensor that
+    requires grad prints ``grad_fn=<...>`` or ``requires_grad=True``, which a detached
+    copy would not: it is kept with its copy (``_LIVE``) and prints as itself at flush,
+    or, changed in place since the call, as its copy with the call's ``grad_fn`` (its
+    name is read at the call where the code runs eagerly; a compiled graph's output
+    names the graph's backward, ``CompiledFunctionBackward`` under AOTAutograd, before
+    and after an in-place change alike)."""
     if isinstance(value, torch.nn.Parameter):
         return value  # a clone would print as a plain tensor
     if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            grad_fn = None if torch.compiler.is_compiling() else _grad_fn_name(value)
+            return (_DEFER, _LIVE, value, value.detach().clone(), grad_fn)
         return value.detach().clone()
     if type(value) is tuple:
         return tuple([_snap(v) for v in value])
@@ -164,9 +174,12 @@ def _resolve(value: Any) -> Any:
             return _resolve(value[2]).format(*_resolve(value[3]), **_resolve(value[4]))
         if kind == _LAZY:
             conv, item = value[2], _resolve(value[3])
+            item = item.copy if isinstance(item, _Printed) else item
             if conv in ("item", "tolist"):
                 return getattr(item, conv)()
             return {"int": int, "float": float, "bool": bool}[conv](item)
+        if kind == _LIVE:
+            return _as_recorded(*value[2:])
     if type(value) is tuple:
         return tuple(_resolve(v) for v in value)
     if type(value) is list:
@@ -174,6 +187,57 @@ def _resolve(value: Any) -> Any:
     if type(value) is dict:
         return {k: _resolve(v) for k, v in value.items()}
     return value
+
+
+def _grad_fn_name(t: torch.Tensor) -> str | None:
+    return None if t.grad_fn is None else type(t.grad_fn).__name__
+
+
+def _as_recorded(live: torch.Tensor, copy: torch.Tensor, grad_fn: str | None) -> Any:
+    """``live`` where it still holds what it held at the call (its text is the call's),
+    else the copy, printed with the call's ``grad_fn`` (``_Printed``)."""
+    now = live.detach()
+    if now.shape == copy.shape and now.dtype == copy.dtype:
+        same = now == copy
+        if now.is_floating_point() or now.is_complex():
+            same = same | (now.isnan() & copy.isnan())
+        if bool(same.all()):
+            return live
+    return _Printed(copy, grad_fn or _grad_fn_name(live))
+
+
+_SUFFIXES = ("dtype=", "device=", "size=", "layout=", "quantization_scheme=")
+
+
+def _with_suffix(text: str, suffix: str) -> str:
+    """``text``, a tensor's repr, with ``suffix`` added last and wrapped as torch wraps it
+    (``torch._tensor_str._add_suffixes``: the autograd suffix comes after dtype and device)."""
+    body = text[:-1]  # the closing parenthesis
+    tail = body[body.rfind("\n") + 1 :]
+    indent = len("tensor(")
+    wrapped = "\n" in body and tail.lstrip().startswith(_SUFFIXES)  # the last suffix has a line of its own
+    last_line_len = len(tail) if wrapped else len(body) - body.rfind("\n") + 1
+    if last_line_len + len(suffix) + 2 > torch._tensor_str.PRINT_OPTS.linewidth:
+        return body + ",\n" + " " * indent + suffix + ")"
+    return body + ", " + suffix + ")"
+
+
+class _Printed:
+    """A tensor's values as they were at the call, printed as a tensor that requires grad
+    and has ``grad_fn`` (``requires_grad=True`` when None). A format spec or a 0-dim
+    tensor prints the number alone, as ``Tensor.__format__`` does."""
+
+    def __init__(self, copy: torch.Tensor, grad_fn: str | None) -> None:
+        self.copy = copy
+        self.text = _with_suffix(repr(copy), f"grad_fn=<{grad_fn}>" if grad_fn else "requires_grad=True")
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(self.copy, spec) if spec or self.copy.dim() == 0 else self.text
 
 
 def _module_of(site: Site) -> tuple[str, dict]:
@@ -276,7 +340,7 @@ def _warn_resolved(site: Site, args: tuple, kwargs: dict, when: Any = None) -> N
 # outside a region): Dynamo must not trace into them. The flush below runs
 # eagerly and calls the plain functions, without the disable wrappers' cost.
 # The reason shows in Dynamo's break message, and in graphmend's report ("still breaks").
-AT_ONCE = "graphmend: run at once, as the original: no deferral region is open, or its text names autograd"
+AT_ONCE = "graphmend: run at once, as the original: no deferral region is open"
 _print_now = torch.compiler.disable(_perform_print, reason=AT_ONCE)
 _log_now = torch.compiler.disable(_call_logger, reason=AT_ONCE)
 _warn_now = torch.compiler.disable(_warn_resolved, reason=AT_ONCE)
