@@ -668,7 +668,7 @@ _RAISED_EAGERLY = "it raised eagerly on each of its first"
 # The backend of an arm's control when the arm's name is not one (both compile with counting).
 _CONTROL = {"compile+grad": "counting", "threads": "counting"}
 _GRAD_FN = re.compile(r",\s*grad_fn=<\w+>|,\s*requires_grad=True")
-_GRAD_FN_NAME = re.compile(r"grad_fn=<\w+>")
+_GRAD_FN_NAME = re.compile(r",\s*grad_fn=<\w+>")  # with the break before it: torch wraps by the name's length
 
 
 def _without_grad_fn(obs: Observation, names_only: bool = False) -> Observation:
@@ -676,7 +676,7 @@ def _without_grad_fn(obs: Observation, names_only: bool = False) -> Observation:
     ``names_only`` the grad_fn's name only (docs/limits.md: a tensor a [Where] select
     made prints the select's backward)."""
     def strip(text: str) -> str:
-        return _GRAD_FN_NAME.sub("grad_fn=<>", text) if names_only else _GRAD_FN.sub("", text)
+        return _GRAD_FN_NAME.sub(", grad_fn=<>", text) if names_only else _GRAD_FN.sub("", text)
 
     return Observation(
         output=obs.output,
