@@ -24,8 +24,8 @@ Inside a region (``graphmend.compile`` opens one per call) the call records
 its arguments, tensors snapshotted with ``detach().clone()`` at the call (a
 tensor that requires grad is kept too, and prints as eager prints it, with its
 ``grad_fn``), and the effect is performed after the compiled call, in the
-original order, with the original file and line on warnings and log records. A message whose
-formatting needs host values (``.item()``, ``.tolist()``, ``int()``,
+original order, with the original file and line on warnings and log records.
+A message whose formatting needs host values (``.item()``, ``.tolist()``, ``int()``,
 ``float()`` in an f-string, ``%``, ``.format`` or ``"..." + str(x)``) is
 formatted after the call too, so the conversion leaves the graph. Outside a region the call
 happens at once, as before. A disabled logger level records nothing.

@@ -10,9 +10,10 @@ calls mended code makes.
 **Regions.** ``region()`` opens a deferral region around one call of a
 compiled model; ``graphmend.compile`` opens it for you. Inside a region the
 [Defer] calls below *record* their effect, with tensor arguments snapshotted
-at the call (a tensor that requires grad is kept with its snapshot, so that it
-prints its ``grad_fn`` as eager does: ``records._snap``); when the outermost region closes (normally or by an exception)
-the records are performed in FIFO order. Outside a region they perform the
+at the call (a tensor that requires grad is kept with its snapshot, so that
+it prints its ``grad_fn`` as eager does: ``records._snap``); when the
+outermost region closes (normally or by an exception) the records are
+performed in FIFO order. Outside a region they perform the
 effect at once, exactly as the original code did, so an eager call of a
 mended function behaves like the original.
 

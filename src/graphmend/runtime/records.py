@@ -196,13 +196,9 @@ def _grad_fn_name(t: torch.Tensor) -> str | None:
 def _as_recorded(live: torch.Tensor, copy: torch.Tensor, grad_fn: str | None) -> Any:
     """``live`` where it still holds what it held at the call (its text is the call's),
     else the copy, printed with the call's ``grad_fn`` (``_Printed``)."""
-    now = live.detach()
-    if now.shape == copy.shape and now.dtype == copy.dtype:
-        same = now == copy
-        if now.is_floating_point() or now.is_complex():
-            same = same | (now.isnan() & copy.isnan())
-        if bool(same.all()):
-            return live
+    now = live.detach()  # requires grad, so floating or complex: NaN compares as NaN
+    if now.shape == copy.shape and torch.allclose(now, copy, rtol=0, atol=0, equal_nan=True):
+        return live
     return _Printed(copy, grad_fn or _grad_fn_name(live))
 
 
