@@ -1,5 +1,6 @@
 """graphmend fix: verified rewrites written back, every other byte kept."""
 
+import ast
 import json
 import os
 import shutil
@@ -76,7 +77,7 @@ def test_only_rewritten_statements_change(tmp_path, newline, indent):
     old_lines, new_lines = F.split_lines(change.old), F.split_lines(change.new)
     first = next(i for i, l in enumerate(old_lines) if 'print("hidden"' in l)
     head, tail = old_lines[:first], old_lines[first + 3 :]
-    imported = "import graphmend.runtime as graphmend_rt" + newline
+    imported = "from graphmend import runtime as gm" + newline
     assert new_lines[: len(head) + 1] == head[:4] + [imported] + head[4:]
     assert new_lines[len(new_lines) - len(tail) :] == tail
     new = change.new
@@ -85,8 +86,8 @@ def test_only_rewritten_statements_change(tmp_path, newline, indent):
         assert kept in new, kept
     lines = F.split_lines(new)
     assert all(line.endswith(newline) for line in lines)
-    assert "import graphmend.runtime as graphmend_rt" + newline in lines
-    body = [l for l in lines if "graphmend_rt." in l or "torch.where" in l]
+    assert imported in lines
+    body = [l for l in lines if "gm." in l or "torch.where" in l]
     assert body and all(l.startswith(indent * 2) for l in body)
     compile(new, "model.py", "exec")
 
@@ -234,3 +235,140 @@ def test_classify(tmp_path):
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     assert F.classify(str(pkg / "m.py"), str(tmp_path / "elsewhere")) == ("package", "lib", "lib/sub/m.py")
+
+
+# -- what is written reads as a person's fix, and runs alone -------------------
+
+SMALL = '''\
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        logger.warning("h norm %s", h.norm())
+        if h.sum() > 0:
+            h = h * 2
+        else:
+            h = h - 1
+        return h.relu()
+
+
+def build():
+    torch.manual_seed(0)
+    return Block().eval(), (torch.randn(4, 8),), {}
+'''
+
+# Loads FILE as the module NAME in a fresh process, calls build()'s model once
+# under no_grad (compiled with a counting backend inside graphmend's region, or
+# eagerly), and saves the output, the graphs and the model's log records.
+ALONE = r'''
+import importlib.util, json, logging, sys
+import torch
+path, name, mode, out = sys.argv[1:]
+spec = importlib.util.spec_from_file_location(name, path)
+module = importlib.util.module_from_spec(spec)
+sys.modules[name] = module
+spec.loader.exec_module(module)
+records = []
+class Keep(logging.Handler):
+    def emit(self, r):
+        records.append([r.name, r.levelname, r.pathname, r.lineno, r.funcName, r.getMessage()])
+logging.getLogger(name).addHandler(Keep())
+model, args, _ = module.build()
+graphs = []
+def counting(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+with torch.no_grad():
+    if mode == "compiled":
+        from graphmend import runtime
+        with runtime.region():
+            output = torch.compile(model, backend=counting)(*args)
+    else:
+        output = model(*args)
+torch.save({"output": output, "graphs": len(graphs), "records": records}, out)
+'''
+
+
+def _alone(tmp_path, text, mode):
+    folder = tmp_path / f"alone-{mode}"
+    folder.mkdir()
+    (folder / "usermodel.py").write_text(text)
+    out = folder / "out.pt"
+    subprocess.run([sys.executable, "-c", ALONE, str(folder / "usermodel.py"), "usermodel", mode, str(out)],
+                   check=True, timeout=600, capture_output=True)
+    return torch.load(out)
+
+
+def test_a_fix_is_what_a_person_writes_and_runs_alone_in_a_fresh_process(tmp_path, capsys):
+    path = tmp_path / "usermodel.py"
+    path.write_text(SMALL)
+    assert cli.main(["fix", f"{path}:build", "--write", "--root", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "ran alone in a fresh process: 1 graph(s), as the original eagerly" in err
+    assert "usermodel.py:17 [where] plain torch.where: the test is a 0-dim bool tensor" in err
+    written = path.read_text()
+    assert len(written.splitlines()) - len(SMALL.splitlines()) == -2  # +1 import, the if's 4 lines become 1
+    assert written == SMALL.replace(
+        "from torch import nn\n", "from torch import nn\nfrom graphmend import runtime as gm\n"
+    ).replace(
+        '        logger.warning("h norm %s", h.norm())\n',
+        '        gm.log((__name__, 17, "forward"), logger, "warning", ("h norm %s", h.norm()), {})\n',
+    ).replace(
+        "        if h.sum() > 0:\n            h = h * 2\n        else:\n            h = h - 1\n",
+        "        h = torch.where(h.sum() > 0, h * 2, h - 1)\n",
+    )
+    fixed, original = _alone(tmp_path, written, "compiled"), _alone(tmp_path, SMALL, "eager")
+    assert (fixed["graphs"], original["graphs"]) == (1, 0)
+    assert torch.equal(fixed["output"], original["output"])
+    [[name, level, pathname, line, function, message]] = fixed["records"]
+    [[o_name, o_level, _, o_line, o_function, o_message]] = original["records"]
+    assert (name, level, function, message) == (o_name, o_level, o_function, o_message) == (
+        "usermodel", "WARNING", "forward", o_message)
+    assert message.startswith("h norm tensor(")
+    assert (pathname.endswith("alone-compiled/usermodel.py"), line, o_line) == (True, 17, 16)  # the call's own line
+
+
+def test_a_file_that_uses_the_name_gm_gets_the_long_alias(tmp_path):
+    text = SMALL.replace("import logging\n", "import logging\n\ngm = None  # the user's own gm\n")
+    path = tmp_path / "usermodel.py"
+    path.write_text(text)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
+    [change] = report.changes
+    assert "from graphmend import runtime as graphmend_rt\n" in change.new
+    assert 'graphmend_rt.log((__name__, 19, "forward"), logger, "warning", ("h norm %s", h.norm()), {})' in change.new
+    assert "gm = None  # the user's own gm\n" in change.new
+
+
+def test_plain_torch_that_does_not_run_alone_falls_back_to_the_guarded_form(tmp_path, monkeypatch):
+    import graphmend.tools.plain as plain
+
+    real = plain.plain_selects
+
+    def swapped(fdef, namespace, model):  # a wrong proof: the branches' values swapped
+        node, notes = real(fdef, namespace, model)
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "torch.where":
+                call.args[1], call.args[2] = call.args[2], call.args[1]
+        return node, notes
+
+    monkeypatch.setattr(F, "plain_selects", swapped)
+    path = tmp_path / "usermodel.py"
+    path.write_text(SMALL)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
+    assert report.notes[0].startswith("plain torch did not run alone as the original: output: values differ")
+    [change] = report.changes
+    assert "torch.where(" not in change.new and "gm.predicable_with_grad(_gm_c0)" in change.new
+    assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"

@@ -85,6 +85,12 @@ def case(id: str, source: str, *, rewritten: str | None = None, declined: str | 
 
 def outcome(rule: str, source: str) -> tuple[str, str]:
     """(``"rewritten"``, the function after ``rule``) or (``"declined"``, its reason)."""
+    site, node, _, _ = rewritten(rule, source)
+    return ("rewritten", ast.unparse(node)) if site.ok else ("declined", site.reason)
+
+
+def rewritten(rule: str, source: str) -> tuple[SiteRewrite, ast.AST, types.ModuleType, object]:
+    """The site, the function's definition after ``rule``, the case's module and its live model (or None)."""
     source = textwrap.dedent(source).lstrip("\n")
     tree = ast.parse(source)
     marked = [(i, text.rstrip()) for i, text in enumerate(source.splitlines(), 1)]
@@ -98,4 +104,4 @@ def outcome(rule: str, source: str) -> tuple[str, str]:
     located = Located(functions=[], code=None, node=copy.deepcopy(fdef), filename=module.__file__, namespace=vars(module))  # type: ignore[arg-type]
     site = SiteRewrite(line=line, rule=load_rules()[rule], chains=chains)
     node = rewrite(located, [site], model)
-    return ("rewritten", ast.unparse(node)) if site.ok else ("declined", site.reason)
+    return site, node, module, model

@@ -138,12 +138,14 @@ def observe(
     copy_model: bool = True,
     seed: int = 0,
     compiled: tuple[str, ...] | None = None,
+    backend: Any = "eager",
 ) -> Observation:
     """Run ``model(*args, **kwargs)`` eagerly on copies and record what is observable.
 
     ``compiled``: run it through ``torch.compile`` instead (the eager backend,
-    so only Dynamo's capture differs from eager), with those capture flags on,
-    inside a region: what the kept flags do to the program as it will run.
+    so only Dynamo's capture differs from eager; or ``backend``), with those
+    capture flags on, inside a region: what the kept flags do to the program
+    as it will run.
     Warnings the compiler itself issues (from Dynamo, Inductor, FX, ...) are
     left out of that observation: torch.compile's, not the model's."""
     obs = Observation()
@@ -151,7 +153,7 @@ def observe(
     called = subject
     if compiled is not None:
         torch._dynamo.reset()
-        called, in_region = torch.compile(subject, backend="eager"), True
+        called, in_region = torch.compile(subject, backend=backend), True
     call_args = copy.deepcopy(args)
     call_kwargs = copy.deepcopy(kwargs)
     region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext

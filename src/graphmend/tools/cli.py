@@ -118,6 +118,11 @@ def cmd_fix(ns: argparse.Namespace) -> int:
     status = {True: "verified", False: "NOT verified", None: "nothing to verify"}[mend.verified]
     print(f"graphmend fix {report.target}: breaks {mend.before.breaks} -> {mend.after.breaks}, {status}; "
           f"{len(report.changes)} file(s) to change", file=sys.stderr)
+    if report.alone:
+        print(f"  {report.alone}", file=sys.stderr)
+    for change in report.changes:
+        for form in change.forms:
+            print(f"  {change.display}:{form.line} [where] {form.why}", file=sys.stderr)
     for path in report.written:
         print(f"  wrote {path}", file=sys.stderr)
     for path in report.backups:

@@ -53,24 +53,30 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphmend.analysis.source import RUNTIME_NAME, first_line
+from graphmend.analysis.source import first_line
 from graphmend.errors import GraphmendError
-from graphmend.rules import Decline, recording_calls
+from graphmend.rules import Decline
 from graphmend.tools.edits import (
     Coarse,
     Edit,
     blocks,
-    check_alone,
     check_disjoint,
     comments_of,
     diff_body,
     indent_unit,
     split_lines,
 )
-
-RUNTIME_ALIAS = "graphmend_rt"
-IMPORT_LINE = f"import graphmend.runtime as {RUNTIME_ALIAS}"
-_SITE_CALLS = set(recording_calls())  # runtime calls whose first argument is (module, line, function)
+from graphmend.tools.plain import Plain, plain_selects
+from graphmend.tools.spelling import (
+    add_import,
+    alias_for,
+    normalised,
+    quote_of,
+    renumber_sites,
+    requote,
+    spelled,
+    uses,
+)
 
 
 @dataclass
@@ -84,6 +90,7 @@ class FileChange:
     new: str
     functions: list[str] = field(default_factory=list)
     sites: list[int] = field(default_factory=list)  # original lines of the mended sites
+    forms: list[Plain] = field(default_factory=list)  # each [Where] select: plain torch or guarded, and why
 
     def diff(self) -> str:
         return unified_diff(self.old, self.new, self.display)
@@ -96,6 +103,7 @@ class FileChange:
             "package": self.package,
             "functions": list(self.functions),
             "sites": list(self.sites),
+            "selects": [{"line": f.line, "plain": f.plain, "why": f.why} for f in self.forms],
         }
 
 
@@ -109,6 +117,7 @@ class FixReport:
     written: list[str] = field(default_factory=list)
     backups: list[str] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
+    alone: str = ""  # how the written code ran alone in a fresh process ("": not run)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +132,7 @@ class FixReport:
             "written": list(self.written),
             "backups": list(self.backups),
             "patches": list(self.patches),
+            "alone": self.alone,
         }
 
 
@@ -130,29 +140,24 @@ class FixReport:
 # from a target to file changes
 
 
-def fix_target(target: Any, *, root: str = ".", started: float | None = None) -> FixReport:
-    """Mend ``target``, keep what verified, and compute the file changes (nothing is written)."""
+def fix_target(target: Any, *, root: str = ".", started: float | None = None, run_alone: bool = True) -> FixReport:
+    """Mend ``target``, keep what verified, and compute the file changes (nothing
+    is written). With ``run_alone``, the changes are those that ran alone in a
+    fresh process as the original did (``tools/written.py``): plain torch where
+    ``tools/plain.py`` proves it, else the guarded form, else none."""
     from graphmend.pipeline import mend_target
 
     started = time.time() if started is None else started
     report, mending = mend_target(target, verify=True)
     result = FixReport(target=target.name, mend=report)
+    attempts: list[tuple[list[FileChange], list[str]]] = []
     try:
         if not mending.patches or not report.verified:
             return result
-        by_file: dict[str, list[Any]] = {}
-        for patch in mending.patches:
-            by_file.setdefault(patch.located.filename, []).append(patch)
-        for path, patches in sorted(by_file.items()):
-            try:
-                if os.stat(path).st_mtime > started:
-                    raise Decline("the file changed on disk while graphmend ran")
-                change = file_change(path, patches, root)
-            except Decline as exc:
-                result.skipped.append(f"{path}: {exc.reason}")
-                continue
-            change.sites = sorted(o.line for o in report.applied if os.path.realpath(o.file) == os.path.realpath(path))
-            result.changes.append(change)
+        for plain in (True, False):
+            attempts.append(_file_changes(mending, report, root, started, plain, target.model))
+            if not any(site.plain for change in attempts[-1][0] for site in change.forms):
+                break  # nothing plain: the guarded form is all there is
         if mending.memo_attrs:
             result.notes.append(
                 "hoisted memo attribute(s) " + ", ".join(sorted(mending.memo_attrs)) + " are created on the first "
@@ -166,11 +171,51 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None) ->
             )
     finally:
         mending.undo()
+    original = None
+    for changes, skipped in attempts:
+        if not changes or not run_alone:
+            result.changes, result.skipped = changes, result.skipped + skipped
+            return result
+        from graphmend.tools.written import differences, run_fresh
+
+        original = original or run_fresh(target.name, {}, compiled=False, grad=report.grad)
+        texts = {c.path: c.new for c in changes}
+        written = run_fresh(target.name, texts, compiled=True, grad=report.grad, flags=tuple(flags or ()))
+        why = differences(original, written, report.after.graphs, set(texts), mending.memo_attrs)
+        if not why:
+            result.changes, result.skipped = changes, result.skipped + skipped
+            result.alone = f"ran alone in a fresh process: {written.graphs} graph(s), as the original eagerly"
+            return result
+        form = "plain torch" if any(site.plain for c in changes for site in c.forms) else "the guarded form"
+        result.notes.append(f"{form} did not run alone as the original: {why[0]}")
+    result.skipped += [f"{c.path}: the written code did not run alone as the original" for c in attempts[-1][0]]
     return result
 
 
-def file_change(path: str, patches: list[Any], root: str) -> FileChange:
-    """The new text of ``path`` with every patch's function rewritten in place."""
+def _file_changes(
+    mending: Any, report: Any, root: str, started: float, plain: bool, model: Any
+) -> tuple[list[FileChange], list[str]]:
+    """Each changed file's new text (``plain``: selects in plain torch where proven), and the files skipped."""
+    by_file: dict[str, list[Any]] = {}
+    for patch in mending.patches:
+        by_file.setdefault(patch.located.filename, []).append(patch)
+    changes, skipped = [], []
+    for path, patches in sorted(by_file.items()):
+        try:
+            if os.stat(path).st_mtime > started:
+                raise Decline("the file changed on disk while graphmend ran")
+            change = file_change(path, patches, root, model=model if plain else None)
+        except Decline as exc:
+            skipped.append(f"{path}: {exc.reason}")
+            continue
+        change.sites = sorted(o.line for o in report.applied if os.path.realpath(o.file) == os.path.realpath(path))
+        changes.append(change)
+    return changes, skipped
+
+
+def file_change(path: str, patches: list[Any], root: str, *, model: Any = None) -> FileChange:
+    """The new text of ``path`` with every patch's function rewritten in place
+    (``model``: the live target, for ``plain_selects``; None writes every select guarded)."""
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -181,14 +226,20 @@ def file_change(path: str, patches: list[Any], root: str) -> FileChange:
         raise Decline(f"the file does not decode or parse now: {exc}") from None
     lines = split_lines(text)
     comments = comments_of(text)
+    alias = alias_for(tree)
     edits: list[Edit] = []
     functions: list[str] = []
+    forms: list[Plain] = []
     expected: list[tuple[tuple[str, ...], ast.AST]] = []
     for patch in patches:
         original = _def_at(tree, patch.original_code)
         if original is None:
             raise Decline(f"no def of {patch.original_code.co_name} at line {patch.original_code.co_firstlineno}")
-        new = _renamed(patch.node)
+        node = patch.node
+        if model is not None:
+            node, found = plain_selects(node, patch.located.namespace, model)
+            forms += found
+        new = spelled(node, alias, patch.located.namespace.get("__name__"))
         if _signature(original) != _signature(new):
             raise Decline(f"{original.name}: the rewrite changed the def line itself")
         unit = indent_unit(lines, original)
@@ -199,15 +250,16 @@ def file_change(path: str, patches: list[Any], root: str) -> FileChange:
         functions.append(getattr(patch.original_code, "co_qualname", original.name))
         expected.append((_path_of(tree, original), new))
     check_disjoint(edits)
+    quote = quote_of(text)
     for edit in sorted(edits, key=lambda e: e.start, reverse=True):
-        lines[edit.start - 1 : edit.end] = edit.text
+        lines[edit.start - 1 : edit.end] = requote(edit.text, quote)
     new_text = "".join(lines)
-    if any(_uses_alias(node) for _, node in expected):
-        new_text = _add_import(new_text, tree)
-    new_text = _renumber_sites(new_text)
-    _check_written(new_text, expected)
+    if any(uses(node, alias) for _, node in expected):
+        new_text = add_import(new_text, tree, alias)
+    new_text = renumber_sites(new_text, alias)
+    _check_written(new_text, expected, alias)
     kind, package, display = classify(path, root)
-    return FileChange(path, display, kind, package, encoding, text, new_text, functions)
+    return FileChange(path, display, kind, package, encoding, text, new_text, functions, forms=forms)
 
 
 def classify(path: str, root: str) -> tuple[str, str | None, str]:
@@ -278,97 +330,7 @@ def _signature(node: ast.AST) -> str:
     return ast.dump(shell)
 
 
-def _renamed(node: ast.AST) -> ast.AST:
-    """A copy with the runtime's in-memory name replaced by the written import's alias."""
-    node = copy.deepcopy(node)
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and sub.id == RUNTIME_NAME:
-            sub.id = RUNTIME_ALIAS
-    return node
-
-
-def _uses_alias(node: ast.AST) -> bool:
-    return any(isinstance(s, ast.Name) and s.id == RUNTIME_ALIAS for s in ast.walk(node))
-
-
-def _add_import(text: str, tree: ast.Module) -> str:
-    """``import graphmend.runtime as graphmend_rt`` after the file's leading imports."""
-    for node in tree.body:
-        if isinstance(node, ast.Import) and any(
-            a.name == "graphmend.runtime" and a.asname == RUNTIME_ALIAS for a in node.names
-        ):
-            return text
-    if any(isinstance(n, ast.Name) and n.id == RUNTIME_ALIAS for n in ast.walk(tree)) or any(
-        isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.alias)) and RUNTIME_ALIAS in (getattr(n, "name", None), getattr(n, "asname", None))
-        for n in ast.walk(tree)
-    ):
-        raise Decline(f"the module already uses the name {RUNTIME_ALIAS}")
-    body = tree.body
-    index = 0
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        index = 1  # the docstring
-    after = None
-    while index < len(body) and isinstance(body[index], (ast.Import, ast.ImportFrom)):
-        after = body[index]
-        index += 1
-    lines = split_lines(text)
-    if after is None and index == 0:
-        at = 0
-    else:
-        anchor = after if after is not None else body[0]
-        at = anchor.end_lineno or anchor.lineno
-        check_alone(lines, anchor, anchor)
-    newline = next((l[len(l.rstrip("\r\n")) :] for l in lines if l.endswith(("\n", "\r"))), "\n")
-    if at and at == len(lines) and not lines[-1].endswith(("\n", "\r")):
-        lines[-1] += newline
-    lines[at:at] = [IMPORT_LINE + newline]
-    return "".join(lines)
-
-
-def _site_calls(tree: ast.AST) -> list[ast.Call]:
-    out = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == RUNTIME_ALIAS
-            and node.func.attr in _SITE_CALLS
-            and node.args
-            and isinstance(node.args[0], ast.Tuple)
-            and len(node.args[0].elts) == 3
-            and isinstance(node.args[0].elts[1], ast.Constant)
-            and type(node.args[0].elts[1].value) is int
-        ):
-            out.append(node)
-    return out
-
-
-def _renumber_sites(text: str) -> str:
-    """Log records and warnings of a written site report the line the call now stands on."""
-    tree = ast.parse(text)
-    lines = split_lines(text)
-    fixes: dict[int, list[tuple[int, int, str]]] = {}
-    for call in _site_calls(tree):
-        const = call.args[0].elts[1]  # type: ignore[attr-defined]
-        if const.value != call.lineno:
-            fixes.setdefault(const.lineno, []).append((const.col_offset, const.end_col_offset, str(call.lineno)))
-    for number, spans in fixes.items():
-        raw = lines[number - 1].encode("utf-8")
-        for start, end, value in sorted(spans, reverse=True):
-            raw = raw[:start] + value.encode() + raw[end:]
-        lines[number - 1] = raw.decode("utf-8")
-    return "".join(lines)
-
-
-def _normalised(node: ast.AST) -> str:
-    node = copy.deepcopy(node)
-    for call in _site_calls(node):
-        call.args[0].elts[1].value = 0  # type: ignore[attr-defined]
-    return ast.dump(node)
-
-
-def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]]) -> None:
+def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]], alias: str) -> None:
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
@@ -376,8 +338,8 @@ def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]]) -
     defs = _defs_by_path(tree)
     for path, node in expected:
         written = defs.get(path, [])
-        if not any(_normalised(w) == _normalised(node) for w in written):
-            raise Decline(f"internal: the written {'.'.join(path)} is not the verified rewrite")
+        if not any(normalised(w, alias) == normalised(node, alias) for w in written):
+            raise Decline(f"internal: the written {'.'.join(path)} is not the rewrite")
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,418 @@
+"""Plain torch in what ``graphmend fix`` writes: a [Where] select as a person writes it.
+
+In memory, [Where] installs a guarded select::
+
+    _gm_c0 = h.sum() > 0
+    if __graphmend_rt__.predicable_with_grad(_gm_c0):
+        _gm_t0 = h * 2
+        _gm_f0 = h - 1
+        if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+            h = __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f0)
+        ...                                # the branch as written
+    elif _gm_c0: ...                       # the original if, as written
+
+The guards decide while Dynamo traces what the source alone may not prove.
+``fix`` writes ``h = torch.where(h.sum() > 0, h * 2, h - 1)`` instead where
+the source proves what they check:
+
+* **the test is a 0-dim bool tensor**: a whole reduction (``x.sum()``,
+  ``x.abs().amax()``, ``x.any()``...) of a proven tensor, compared with a
+  number (``predicable``);
+* **both values are one tensor through elementwise steps with Python
+  numbers** (``h * 2``, ``h - 1``, ``h / 2.0``, ``-h``, ``h.relu()``,
+  ``h.clamp(0, 1)``, ``h.sigmoid()``, or ``h`` itself): the same shape and
+  device by construction, and the same dtype for every dtype ``h`` can have
+  (``same_meta``);
+* **neither value raises where the original would not**: ``h - 1`` raises
+  on a bool tensor, ``h.relu()`` also on a complex one, so ``h`` must be
+  known not to be one. What ``h`` can be is read from where it was assigned
+  last before the ``if`` in the same function: a parameter annotated
+  ``torch.Tensor`` (any dtype), a call of a layer whose output is floating
+  or complex (``self.lin(x)`` with ``self.lin`` an ``nn.Linear``: its exact
+  type, no hooks), ``x.float()``, or elementwise steps of one of those.
+* **gradients**: every step's derivative is finite, so the value not taken
+  adds zeros: eager's gradients, except that a gradient eager leaves as
+  ``-0.0`` can come out ``+0.0`` (the runtime's ``select`` keeps the sign;
+  plain ``torch.where`` cannot).
+
+Any other site keeps the guarded form, and the site's note says which proof
+is missing. What is written is then run in a fresh process against the
+original (``tools/written.py``) before any file is touched.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphmend.analysis.source import RUNTIME_NAME
+
+BOOL, INT, FLOAT, COMPLEX = "bool", "integer", "floating", "complex"
+ANY_DTYPE = frozenset({BOOL, INT, FLOAT, COMPLEX})
+_REAL_OR_COMPLEX = frozenset({FLOAT, COMPLEX})
+
+# Layers whose output is floating or complex whatever their input (an integer
+# input raises in them), by exact type: a subclass may return anything.
+_FLOATING_LAYERS = tuple(
+    getattr(torch.nn, name)
+    for name in """Linear Bilinear Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d LayerNorm
+    GroupNorm RMSNorm BatchNorm1d BatchNorm2d BatchNorm3d InstanceNorm1d InstanceNorm2d InstanceNorm3d""".split()
+    if hasattr(torch.nn, name)
+)
+_CASTS = {"float": FLOAT, "double": FLOAT, "half": FLOAT, "bfloat16": FLOAT}
+
+# Elementwise methods with no argument or number arguments: the dtypes they raise on.
+_METHODS: dict[str, frozenset[str]] = {
+    "relu": frozenset({BOOL, COMPLEX}),
+    "abs": frozenset({BOOL}),
+    "neg": frozenset({BOOL}),
+    "clamp": frozenset({COMPLEX}),
+    "clip": frozenset({COMPLEX}),
+    "clamp_min": frozenset({COMPLEX}),
+    "clamp_max": frozenset({COMPLEX}),
+    "sigmoid": frozenset(),
+    "tanh": frozenset(),
+}
+_TO_FLOAT = {"sigmoid", "tanh"}  # an integer or bool tensor comes out floating
+_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "norm", "prod"})
+_TESTS = frozenset({"any", "all"})
+_COMPARE = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """An elementwise chain over one name: its base, what it promotes an
+    integer or bool tensor to (``ints``: arithmetic with an int; ``floats``: with
+    a float, a true division or a floating function), the dtypes it raises on."""
+
+    base: str
+    ints: bool = False
+    floats: bool = False
+    raises: frozenset[str] = frozenset()
+
+    def then(self, *, ints: bool = False, floats: bool = False, raises: frozenset[str] = frozenset()) -> "Steps":
+        return Steps(self.base, self.ints or ints, self.floats or floats, self.raises | raises)
+
+    def dtypes_from(self, dtypes: frozenset[str]) -> frozenset[str]:
+        """What the chain's result can be when its base can be any of ``dtypes``."""
+        out = set()
+        for kind in dtypes - self.raises:
+            if kind in (BOOL, INT) and self.floats:
+                out.add(FLOAT)
+            elif kind == BOOL and self.ints:
+                out.add(INT)
+            else:
+                out.add(kind)
+        return frozenset(out)
+
+
+@dataclass
+class Plain:
+    """One [Where] select of a rewritten function: written plain or not, and why."""
+
+    line: int
+    plain: bool
+    why: str
+
+
+def plain_selects(fdef: ast.AST, namespace: dict[str, Any], model: Any) -> tuple[ast.AST, list[Plain]]:
+    """A copy of the rewritten ``fdef`` with every select the source proves
+    written as ``target = torch.where(test, a, b)``, and a note per select."""
+    fdef = copy.deepcopy(fdef)
+    notes: list[Plain] = []
+    params = _tensor_params(fdef, namespace)
+    _walk(fdef.body, [], fdef, namespace, model, params, notes)  # type: ignore[attr-defined]
+    return fdef, notes
+
+
+def _walk(
+    body: list[ast.stmt], scope: list[list[ast.stmt] | ast.stmt], fdef: ast.AST, namespace: dict, model: Any,
+    params: frozenset[str], notes: list[Plain],
+) -> None:
+    index = 0
+    while index < len(body):
+        found = _guarded(body, index)
+        if found is not None:
+            test, target, when_true, when_false, check = found
+            line = body[index].lineno
+            where = _torch_where(namespace)
+            why = _proof(test, target, when_true, when_false, check, where, body[:index], scope, model, params)
+            cond = body[index].targets[0].id  # type: ignore[attr-defined]
+            if why.startswith("plain") and _reads(fdef, cond) != _reads(ast.Module(body=body[index : index + 2], type_ignores=[]), cond):
+                why = f"guarded: `{cond}` is read again after the select"
+            if why.startswith("plain"):
+                call = ast.Call(func=where, args=[test, when_true, when_false], keywords=[])  # type: ignore[arg-type]
+                new = ast.Assign(targets=[ast.Name(id=target, ctx=ast.Store())], value=call, lineno=line)
+                body[index : index + 2] = [ast.fix_missing_locations(ast.copy_location(new, body[index]))]
+            notes.append(Plain(line, why.startswith("plain"), why))
+        stmt = body[index]
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, name, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    _walk(inner, scope + [body[:index], stmt], fdef, namespace, model, params, notes)
+            for handler in getattr(stmt, "handlers", []) or []:
+                _walk(handler.body, scope + [body[:index], stmt], fdef, namespace, model, params, notes)
+        index += 1
+
+
+def _guarded(body: list[ast.stmt], index: int) -> tuple[ast.expr, str, ast.expr, ast.expr, str] | None:
+    """``_gm_cN = TEST`` then ``if rt.predicable*(_gm_cN): ... elif _gm_cN: T = a else: T = b``
+    (the else may be absent: ``b`` is ``T``) -> (TEST, T, a, b, the check's name, or
+    the further guards the runtime checks, as source)."""
+    if index + 1 >= len(body):
+        return None
+    bind, branch = body[index], body[index + 1]
+    if not (
+        isinstance(bind, ast.Assign) and len(bind.targets) == 1 and isinstance(bind.targets[0], ast.Name)
+        and bind.targets[0].id.startswith("_gm_c") and isinstance(branch, ast.If)
+    ):
+        return None
+    cond = bind.targets[0].id
+    checks = branch.test.values if isinstance(branch.test, ast.BoolOp) and isinstance(branch.test.op, ast.And) else [branch.test]
+    check = checks[0]
+    if not (
+        isinstance(check, ast.Call) and isinstance(check.func, ast.Attribute)
+        and isinstance(check.func.value, ast.Name) and check.func.value.id == RUNTIME_NAME
+        and check.func.attr in ("predicable", "predicable_with_grad")
+        and len(check.args) == 1 and isinstance(check.args[0], ast.Name) and check.args[0].id == cond
+    ):
+        return None
+    name = check.func.attr if len(checks) == 1 else ast.unparse(ast.BoolOp(op=ast.And(), values=checks[1:]))
+    if not (len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If)):
+        return None
+    original = branch.orelse[0]
+    if not (isinstance(original.test, ast.Name) and original.test.id == cond):
+        return None
+    true_value = _single(original.body)
+    false_value = _single(original.orelse) if original.orelse else None
+    if true_value is None or (original.orelse and false_value is None):
+        return None
+    target = true_value[0]
+    if false_value is not None and false_value[0] != target:
+        return None
+    other = false_value[1] if false_value is not None else ast.Name(id=target, ctx=ast.Load())
+    return bind.value, target, true_value[1], other, name.replace(RUNTIME_NAME + ".", "")
+
+
+def _reads(node: ast.AST, name: str) -> int:
+    return sum(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+
+
+def _single(block: list[ast.stmt]) -> tuple[str, ast.expr] | None:
+    if len(block) == 1 and isinstance(block[0], ast.Assign) and len(block[0].targets) == 1:
+        target = block[0].targets[0]
+        if isinstance(target, ast.Name):
+            return target.id, block[0].value
+    return None
+
+
+def _torch_where(namespace: dict) -> ast.expr | None:
+    if namespace.get("torch") is torch:
+        return ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="where", ctx=ast.Load())
+    return None
+
+
+def _proof(
+    test: ast.expr, target: str, a: ast.expr, b: ast.expr, check: str, where: ast.expr | None,
+    before: list[ast.stmt], scope: list, model: Any, params: frozenset[str],
+) -> str:
+    """"plain: <why>", or what keeps the guards."""
+    if where is None:
+        return "guarded: the module has no `import torch` to write `torch.where` with"
+    if check == "predicable":
+        return "guarded: under autograd the original branch must run (the runtime decides per call)"
+    if check != "predicable_with_grad":
+        return f"guarded: the runtime also checks `{check}` per call"
+    tested = _test_steps(test)
+    if tested is None:
+        return f"guarded: `{ast.unparse(test)}` is not proven a 0-dim bool tensor (a whole reduction compared with a number)"
+    sides = [_steps(a), _steps(b)]
+    if None in sides or sides[0].base != sides[1].base:  # type: ignore[union-attr]
+        return "guarded: the two values are not one tensor through elementwise steps with Python numbers"
+    left, right = sides  # type: ignore[misc]
+    known = {}
+    for name in {tested.base, left.base}:
+        dtypes = _origin(name, before, scope, model, params)
+        if dtypes is None:
+            return f"guarded: `{name}` is not proven a tensor where it was last assigned (a layer, a cast, a parameter annotated torch.Tensor)"
+        known[name] = dtypes
+    dtypes = known[left.base]
+    raising = dtypes & (left.raises | right.raises)
+    if raising:
+        return f"guarded: a value raises on a {'/'.join(sorted(raising))} tensor, which `{left.base}` may be"
+    if not _same_dtype(left, right, dtypes):
+        return f"guarded: the values can differ in dtype when `{left.base}` is an integer or bool tensor"
+    kinds = "/".join(sorted(dtypes))
+    return (
+        f"plain torch.where: the test is a 0-dim bool tensor; both values are `{left.base}` ({kinds}) "
+        "through elementwise steps with numbers (same shape, dtype, device); under autograd eager's "
+        "gradients except the sign of a zero"
+    )
+
+
+def _same_dtype(left: Steps, right: Steps, dtypes: frozenset[str]) -> bool:
+    return all(left.dtypes_from(frozenset({k})) == right.dtypes_from(frozenset({k})) for k in dtypes)
+
+
+def _number(node: ast.expr) -> int | float | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _number(node.operand)
+        return None if value is None else (-value if isinstance(node.op, ast.USub) else value)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    return None
+
+
+def _steps(node: ast.expr) -> Steps | None:
+    """``node`` as an elementwise chain over one name, or None."""
+    if isinstance(node, ast.Name):
+        return Steps(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _steps(node.operand)
+        return inner and inner.then(raises=frozenset({BOOL}))
+    if isinstance(node, ast.BinOp):
+        number, tensor, reflected = _number(node.right), node.left, False
+        if number is None:
+            number, tensor, reflected = _number(node.left), node.right, True
+        inner = _steps(tensor) if number is not None else None
+        if inner is None:
+            return None
+        ints, floats = type(number) is int, type(number) is float
+        if isinstance(node.op, (ast.Add, ast.Mult)):
+            return inner.then(ints=ints, floats=floats)
+        if isinstance(node.op, ast.Sub):
+            return inner.then(ints=ints, floats=floats, raises=frozenset({BOOL}))
+        if isinstance(node.op, ast.Div) and not reflected and number != 0:  # 2 / h: an infinite derivative at 0
+            return inner.then(floats=True)
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS:
+        if node.keywords or not all(_number(arg) is not None or _is_none(arg) for arg in node.args):
+            return None
+        inner = _steps(node.func.value)
+        if inner is None:
+            return None
+        numbers = [_number(arg) for arg in node.args]
+        return inner.then(
+            ints=any(type(n) is int for n in numbers),
+            floats=node.func.attr in _TO_FLOAT or any(type(n) is float for n in numbers),
+            raises=_METHODS[node.func.attr],
+        )
+    return None
+
+
+def _is_none(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _test_steps(node: ast.expr) -> Steps | None:
+    """The chain a test reduces when it is a 0-dim bool tensor by construction."""
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], _COMPARE):
+        sides = [node.left, node.comparators[0]]
+        numbers = [_number(side) for side in sides]
+        if numbers.count(None) != 1:
+            return None
+        reduced = sides[numbers.index(None)]
+        return _reduced(reduced, _REDUCTIONS | _TESTS)
+    return _reduced(node, _TESTS)
+
+
+def _reduced(node: ast.expr, names: frozenset[str]) -> Steps | None:
+    """``x.sum()`` (a name in ``names``, no arguments) of a chain, or of a chain
+    compared with a number (``(h > 3).any()``)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names:
+        if not node.args and not node.keywords:
+            receiver = node.func.value
+            if isinstance(receiver, ast.Compare) and len(receiver.ops) == 1 and isinstance(receiver.ops[0], _COMPARE):
+                sides = [receiver.left, receiver.comparators[0]]
+                numbers = [_number(side) for side in sides]
+                return _steps(sides[numbers.index(None)]) if numbers.count(None) == 1 else None
+            return _steps(receiver)
+    return None
+
+
+def _tensor_params(fdef: ast.AST, namespace: dict) -> frozenset[str]:
+    args = fdef.args  # type: ignore[attr-defined]
+    out = set()
+    for arg in args.posonlyargs + args.args + args.kwonlyargs:
+        note = arg.annotation
+        if isinstance(note, ast.Attribute) and note.attr == "Tensor" and isinstance(note.value, ast.Name):
+            if namespace.get(note.value.id) is torch:
+                out.add(arg.arg)
+        elif isinstance(note, ast.Name) and namespace.get(note.id) is torch.Tensor:
+            out.add(arg.arg)
+    return frozenset(out)
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, (ast.Store, ast.Del))
+        for sub in ast.walk(node)
+    ) or any(isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub.name == name for sub in ast.walk(node))
+
+
+Levels = list[tuple[list[ast.stmt], "ast.stmt | None"]]  # statements before, innermost first; the compound holding them
+
+
+def _origin(name: str, before: list[ast.stmt], scope: list, model: Any, params: frozenset[str]) -> frozenset[str] | None:
+    """The dtypes ``name``'s tensor can have after ``before`` (``scope``: the
+    statements before each enclosing compound statement, then it, outermost
+    first), or None when it is not proven a tensor."""
+    pairs = list(zip(scope[0::2], scope[1::2]))
+    levels: Levels = [(before, pairs[-1][1] if pairs else None)]
+    for i in range(len(pairs) - 1, -1, -1):
+        levels.append((pairs[i][0], pairs[i - 1][1] if i > 0 else None))
+    return _origin_in(name, levels, model, params, 0)
+
+
+def _origin_in(name: str, levels: Levels, model: Any, params: frozenset[str], depth: int) -> frozenset[str] | None:
+    """The last statement binding ``name`` before, looking outwards: a plain
+    assignment is read (``_value_origin``); anything else is not proven. Leaving
+    a loop that binds ``name`` stops: its value may come from a later iteration."""
+    if depth > 8:
+        return None
+    for position, (block, holder) in enumerate(levels):
+        for index in range(len(block) - 1, -1, -1):
+            stmt = block[index]
+            if not _binds(stmt, name):
+                continue
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                return _value_origin(stmt.value, [(block[:index], holder)] + levels[position + 1 :], model, params, depth)
+            return None
+        if isinstance(holder, (ast.For, ast.AsyncFor, ast.While)) and _binds(holder, name):
+            return None
+    return ANY_DTYPE if name in params else None
+
+
+def _value_origin(node: ast.expr, levels: Levels, model: Any, params: frozenset[str], depth: int) -> frozenset[str] | None:
+    """The dtypes ``node`` can have (``levels``: what runs before it), or None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        owner, attr = node.func.value, node.func.attr
+        if isinstance(owner, ast.Name) and owner.id == "self" and _floating_layer(model, attr):
+            return _REAL_OR_COMPLEX
+        if attr in _CASTS and not node.args and not node.keywords:
+            inner = _steps(owner)
+            if inner is not None and _origin_in(inner.base, levels, model, params, depth + 1):
+                return frozenset({_CASTS[attr]})
+            return None
+    steps = _steps(node)
+    if steps is None:
+        return None
+    base = _origin_in(steps.base, levels, model, params, depth + 1)
+    return None if base is None else steps.dtypes_from(base)
+
+
+def _floating_layer(model: Any, attr: str) -> bool:
+    """Every module of the live model named ``attr`` is exactly one of the floating
+    layers, with its own forward and no hooks."""
+    if not isinstance(model, torch.nn.Module):
+        return False
+    found = [m._modules[attr] for m in model.modules() if attr in m._modules]
+    return bool(found) and all(
+        type(m) in _FLOATING_LAYERS and "forward" not in vars(m) and not m._forward_hooks and not m._forward_pre_hooks
+        for m in found
+    ) and not any(attr in vars(m) or attr in m._parameters or attr in m._buffers for m in model.modules() if attr not in m._modules)
