@@ -372,3 +372,68 @@ def test_plain_torch_that_does_not_run_alone_falls_back_to_the_guarded_form(tmp_
     [change] = report.changes
     assert "torch.where(" not in change.new and "gm.predicable_with_grad(_gm_c0)" in change.new
     assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
+
+
+LAYOUT = '''\
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class Net(nn.Module):
+    def forward(self, h: torch.Tensor):
+        logger.warning(
+            "a message in "
+            'two parts: %s',  h.amax())
+        if h.abs().amax() > 1e4:
+            h = h / (  2.0 )   # odd spacing kept
+        return h
+
+
+def build():
+    torch.manual_seed(0)
+    return Net().eval(), (torch.randn(4, 8) * 3e4,), {}
+'''
+
+
+def test_written_statements_keep_the_users_text_where_the_code_is_theirs(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(LAYOUT)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
+    [change] = report.changes
+    # The message's two parts and quotes, 1e4, and the fallback branch with its spacing and
+    # comment stay as written; new code is unparsed in the file's quote.
+    assert change.new == LAYOUT.replace("from torch import nn\n", "from torch import nn\nfrom graphmend import runtime as gm\n").replace(
+        """\
+        logger.warning(
+            "a message in "
+            'two parts: %s',  h.amax())
+        if h.abs().amax() > 1e4:
+""", """\
+        gm.log(
+            (__name__, 12, "forward"),
+            logger,
+            "warning",
+            (
+                "a message in "
+                'two parts: %s',
+                h.amax(),
+            ),
+            {},
+        )
+        _gm_c0 = h.abs().amax() > 1e4
+        if gm.predicable_with_grad(_gm_c0):
+            _gm_t0 = h / 2.0
+            if gm.same_meta(_gm_t0, h):
+                h = gm.select(_gm_c0, _gm_t0, h)
+            elif _gm_c0:
+                h = _gm_t0
+        elif _gm_c0:
+""")
+    assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
+    [form] = change.forms
+    assert (form.line, form.plain) == (14, False)

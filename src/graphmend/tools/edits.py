@@ -13,6 +13,8 @@ import tokenize
 from dataclasses import dataclass
 
 from graphmend.rules import Decline
+from graphmend.tools.layout import Layout
+from graphmend.tools.spelling import quote_of
 
 _BODY_FIELDS = ("body", "orelse", "finalbody")
 
@@ -66,15 +68,16 @@ def diff_body(
         if tag == "insert":
             anchor = a[i1] if i1 < len(a) else a[-1]
             at = _start(anchor) if i1 < len(a) else anchor.end_lineno + 1
-            edits.append(Edit(at, at - 1, _render(b[j1:j2], _indent_of(lines, anchor), unit, _newline(lines, anchor))))
+            edits.append(Edit(at, at - 1, Layout(lines, unit, quote_of("".join(lines))).render(b[j1:j2], _indent_of(lines, anchor), _newline(lines, anchor))))
             continue
         first, last = a[i1], a[i2 - 1]
         start, end = _start(first), last.end_lineno or last.lineno
         check_alone(lines, first, last)
-        kept = [comments[n] for n in range(start, end + 1) if n in comments]
         indent = _indent_of(lines, first)
         newline = _newline(lines, first)
-        text = [indent + c + newline for c in kept] + _render(b[j1:j2], indent, unit, newline)
+        written = Layout(lines, unit, quote_of("".join(lines))).render(b[j1:j2], indent, newline)
+        kept = [comments[n] for n in range(start, end + 1) if n in comments and not any(comments[n] in w for w in written)]
+        text = [indent + c + newline for c in kept] + written
         edits.append(Edit(start, end, text))
 
 
@@ -125,43 +128,6 @@ def indent_unit(lines: list[str], fdef: ast.AST) -> str:
     inner = _indent_of(lines, fdef.body[0])  # type: ignore[attr-defined]
     step = inner[len(outer) :] if inner.startswith(outer) else ""
     return step or "    "
-
-
-_WIDTH = 100  # a replacement line longer than this has its call's arguments one per line
-
-
-def _render(stmts: list[ast.stmt], indent: str, unit: str, newline: str) -> list[str]:
-    out: list[str] = []
-    for stmt in stmts:
-        out.extend(indent + line + newline for line in _stmt_lines(stmt, unit, len(indent)))
-    return out
-
-
-def _stmt_lines(stmt: ast.stmt, unit: str, column: int) -> list[str]:
-    """``stmt`` as source lines relative to its own indentation; long calls wrapped."""
-    if isinstance(stmt, ast.If):
-        lines = [f"if {ast.unparse(stmt.test)}:"] + _block(stmt.body, unit, column)
-        if len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], ast.If):
-            lines += ["el" + line if i == 0 else line for i, line in enumerate(_stmt_lines(stmt.orelse[0], unit, column))]
-        elif stmt.orelse:
-            lines += ["else:"] + _block(stmt.orelse, unit, column)
-        return lines
-    text = ast.unparse(stmt)
-    if "\n" in text or column + len(text) <= _WIDTH:
-        return text.split("\n")
-    value = getattr(stmt, "value", None)
-    if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) and isinstance(value, ast.Call):
-        args = [ast.unparse(a) for a in value.args] + [
-            f"{k.arg}={ast.unparse(k.value)}" if k.arg else f"**{ast.unparse(k.value)}" for k in value.keywords
-        ]
-        head = text[: len(text) - len(ast.unparse(value))] + ast.unparse(value.func) + "("
-        if args and all("\n" not in a for a in args):
-            return [head] + [unit + a + "," for a in args] + [")"]
-    return [text]
-
-
-def _block(stmts: list[ast.stmt], unit: str, column: int) -> list[str]:
-    return [unit + line for stmt in stmts for line in _stmt_lines(stmt, unit, column + len(unit))]
 
 
 def check_disjoint(edits: list[Edit]) -> None:

@@ -71,9 +71,7 @@ from graphmend.tools.spelling import (
     add_import,
     alias_for,
     normalised,
-    quote_of,
     renumber_sites,
-    requote,
     spelled,
     uses,
 )
@@ -250,9 +248,8 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None) 
         functions.append(getattr(patch.original_code, "co_qualname", original.name))
         expected.append((_path_of(tree, original), new))
     check_disjoint(edits)
-    quote = quote_of(text)
     for edit in sorted(edits, key=lambda e: e.start, reverse=True):
-        lines[edit.start - 1 : edit.end] = requote(edit.text, quote)
+        lines[edit.start - 1 : edit.end] = edit.text
     new_text = "".join(lines)
     if any(uses(node, alias) for _, node in expected):
         new_text = add_import(new_text, tree, alias)

@@ -19,7 +19,6 @@ import tokenize
 
 from graphmend.analysis.source import RUNTIME_NAME
 from graphmend.rules import Decline, recording_calls
-from graphmend.tools.edits import check_alone, split_lines
 
 ALIASES = ("gm", "graphmend_rt")
 _SITE_CALLS = set(recording_calls())  # runtime calls whose first argument is (module, line, function)
@@ -98,13 +97,15 @@ def add_import(text: str, tree: ast.Module, alias: str) -> str:
     while index < len(body) and isinstance(body[index], (ast.Import, ast.ImportFrom)):
         after = body[index]
         index += 1
-    lines = split_lines(text)
+    lines = _lines(text)
     if after is None and index == 0:
         at = 0
     else:
         anchor = after if after is not None else body[0]
         at = anchor.end_lineno or anchor.lineno
-        check_alone(lines, anchor, anchor)
+        tail = lines[at - 1].encode("utf-8")[anchor.end_col_offset or 0 :].strip()
+        if tail and not tail.startswith(b"#"):
+            raise Decline("the file's last leading import shares its line with another statement")
     newline = next((l[len(l.rstrip("\r\n")) :] for l in lines if l.endswith(("\n", "\r"))), "\n")
     if at and at == len(lines) and not lines[-1].endswith(("\n", "\r")):
         lines[-1] += newline
@@ -135,7 +136,7 @@ def site_calls(tree: ast.AST, alias: str) -> list[ast.Call]:
 def renumber_sites(text: str, alias: str) -> str:
     """Log records and warnings of a written site report the line the call now stands on."""
     tree = ast.parse(text)
-    lines = split_lines(text)
+    lines = _lines(text)
     fixes: dict[int, list[tuple[int, int, str]]] = {}
     for call in site_calls(tree, alias):
         const = call.args[0].elts[1]  # type: ignore[attr-defined]
@@ -160,7 +161,7 @@ def normalised(node: ast.AST, alias: str) -> str:
 def quote_of(text: str) -> str:
     """The quote the file's one-line strings use most: ``"`` or ``'``."""
     counts = {'"': 0, "'": 0}
-    for tok in _tokens("".join(split_lines(text))):
+    for tok in _tokens(text):
         body = tok.string.lstrip("rbfuRBFU")
         if tok.type == tokenize.STRING and body[:3] not in ('"""', "'''") and body[:1] in counts:
             counts[body[0]] += 1
@@ -182,11 +183,15 @@ def requote(lines: list[str], quote: str) -> list[str]:
             and '"' not in inner and "'" not in inner and "\\" not in inner and "{" not in inner
         ):
             spans.append((tok.start, tok.end, prefix + '"' + inner + '"'))
-    out = split_lines(text)
+    out = _lines(text)
     for (row, start), (_, end), value in reversed(spans):
         line = out[row - 1]
         out[row - 1] = line[:start] + value + line[end:]
     return out
+
+
+def _lines(text: str) -> list[str]:
+    return io.StringIO(text, newline="").readlines()
 
 
 def _tokens(text: str) -> list[tokenize.TokenInfo]:
