@@ -437,3 +437,29 @@ def test_written_statements_keep_the_users_text_where_the_code_is_theirs(tmp_pat
     assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
     [form] = change.forms
     assert (form.line, form.plain) == (14, False)
+
+
+def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
+    # One model with a block per rule ([Where] plain and guarded, [Defer], [Trap], [Scalar],
+    # [Speculate]); fix loads the written file fresh, compiles it with plain torch.compile in
+    # graphmend's region (a speculating call for [Speculate]) and compares with the original.
+    with quiet():
+        report = F.fix_target(load_target(os.path.join(HERE, "fixtures", "fix_rules.py:build")), root=HERE)
+    assert (report.mend.before.breaks, report.mend.after.breaks, report.mend.verified) == (13, 0, True)
+    assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
+    assert report.notes == [] and report.skipped == []
+    [change] = report.changes
+    new = change.new
+    for written in ("h = torch.where(h.sum() > 0, h * 2, h - 1)", "gm.predicable_with_grad(_gm_c0)",
+                    'gm.print_((__name__, 46, "forward"), ("mean", h.mean()), {})',
+                    'gm.log((__name__, 47, "forward"), logger, "warning", ("max %s", h.amax()), {})',
+                    'gm.warn((__name__, 48, "forward"), ("applied",), {})',
+                    'gm.trap((__name__, 60, "forward"), _gm_c1, ValueError, ("inputs must stay within 1e4",))',
+                    'gm.trap((__name__, 67, "forward"), _gm_c0, AssertionError, ("a NaN in h",))',
+                    "_gm_c0 = gm.item_of(h.sum(), 0) > 0",
+                    'wide = gm.speculate((__name__, 98, "forward"), (x > 2).any())'):
+        assert written in new, written
+    assert "graphmend_target_" not in new and "__graphmend_rt__" not in new
+    assert [(f.line, f.plain) for f in change.forms] == [(20, True), (29, False), (67, False)]
+    assert change.forms[2].why == (
+        "guarded: `item_of(h.sum(), 0) > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)")

@@ -38,5 +38,21 @@ class EagerFailure(TargetError):
     """The model raises when run eagerly on the given inputs (the exception is the cause)."""
 
 
+class CompileFailure(TargetError):
+    """The model runs eagerly but ``torch.compile`` raises on it before any rewrite."""
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception ``exc`` was raised from (torch wraps a user's
+    TypeError in ``TorchRuntimeError: RuntimeError when making fake tensor call``)."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or exc.__context__  # also a context torch suppressed (`raise ... from None`)
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
 class UnsupportedEnvironment(GraphmendError):
     """The installed torch or Python is outside the supported range."""

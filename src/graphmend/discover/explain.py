@@ -34,6 +34,7 @@ JSON schema (``ExplainReport.to_dict``, ``schema`` = 1)::
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from graphmend.discover.sites import (
     group_sites,
 )
 from graphmend.discover.trace import Trace, trace_breaks
+from graphmend.errors import CompileFailure, GraphmendError, describe, root_cause
 from graphmend.models.targets import (
     Target,
     private_copy,
@@ -173,9 +175,18 @@ def explain_target(
     with random_state_kept():
         run_eager(private_copy(target), grad)
         subject = private_copy(target)
-        trace = trace_breaks(
-            subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
-        )
+        try:
+            trace = trace_breaks(
+                subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
+            )
+        except GraphmendError:
+            raise
+        except Exception as exc:
+            frame = getattr(exc, "innermost_user_frame_summary", None)
+            where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame is not None else ""
+            raise CompileFailure(
+                f"{target.name}: torch.compile raises on the model (it runs eagerly): {describe(root_cause(exc), 300)}{where}"
+            ) from exc
     return report_from_trace(target.name, trace)
 
 

@@ -139,13 +139,15 @@ def observe(
     seed: int = 0,
     compiled: tuple[str, ...] | None = None,
     backend: Any = "eager",
+    speculating: bool = False,
 ) -> Observation:
     """Run ``model(*args, **kwargs)`` eagerly on copies and record what is observable.
 
     ``compiled``: run it through ``torch.compile`` instead (the eager backend,
     so only Dynamo's capture differs from eager; or ``backend``), with those
     capture flags on, inside a region: what the kept flags do to the program
-    as it will run.
+    as it will run. ``speculating``: in a speculating call (``runtime.call``),
+    as ``graphmend.compile`` calls a model with [Speculate] sites.
     Warnings the compiler itself issues (from Dynamo, Inductor, FX, ...) are
     left out of that observation: torch.compile's, not the model's."""
     obs = Observation()
@@ -164,8 +166,12 @@ def observe(
         effects = stack.enter_context(captured())
         stack.enter_context(grad_ctx())
         try:
-            with region(), patched(compiled or ()):  # the flags inside the region, as MendReport.region
-                result = called(*call_args, **call_kwargs)
+            if speculating and compiled is not None:
+                with patched(compiled):
+                    result = runtime.call(called, *call_args, **call_kwargs)
+            else:
+                with region(), patched(compiled or ()):  # the flags inside the region, as MendReport.region
+                    result = called(*call_args, **call_kwargs)
             obs.output = _detach(result)
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))

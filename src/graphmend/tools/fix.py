@@ -143,6 +143,7 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
     is written). With ``run_alone``, the changes are those that ran alone in a
     fresh process as the original did (``tools/written.py``): plain torch where
     ``tools/plain.py`` proves it, else the guarded form, else none."""
+    from graphmend.passes.speculation import may_run_twice
     from graphmend.pipeline import mend_target
 
     started = time.time() if started is None else started
@@ -170,6 +171,7 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
     finally:
         mending.undo()
     original = None
+    speculates = report.speculates and may_run_twice(target.model)
     for changes, skipped in attempts:
         if not changes or not run_alone:
             result.changes, result.skipped = changes, result.skipped + skipped
@@ -178,7 +180,9 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
 
         original = original or run_fresh(target.name, {}, compiled=False, grad=report.grad)
         texts = {c.path: c.new for c in changes}
-        written = run_fresh(target.name, texts, compiled=True, grad=report.grad, flags=tuple(flags or ()))
+        written = run_fresh(
+            target.name, texts, compiled=True, grad=report.grad, flags=tuple(flags or ()), speculating=speculates
+        )
         why = differences(original, written, report.after.graphs, set(texts), mending.memo_attrs)
         if not why:
             result.changes, result.skipped = changes, result.skipped + skipped

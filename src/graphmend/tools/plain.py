@@ -230,7 +230,8 @@ def _proof(
         return f"guarded: the runtime also checks `{check}` per call"
     tested = _test_steps(test)
     if tested is None:
-        return f"guarded: `{ast.unparse(test)}` is not proven a 0-dim bool tensor (a whole reduction compared with a number)"
+        shown = ast.unparse(test).replace(RUNTIME_NAME + ".", "")
+        return f"guarded: `{shown}` is not proven a 0-dim bool tensor (a whole reduction compared with a number)"
     sides = [_steps(a), _steps(b)]
     if None in sides or sides[0].base != sides[1].base:  # type: ignore[union-attr]
         return "guarded: the two values are not one tensor through elementwise steps with Python numbers"

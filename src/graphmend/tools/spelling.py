@@ -18,10 +18,9 @@ import io
 import tokenize
 
 from graphmend.analysis.source import RUNTIME_NAME
-from graphmend.rules import Decline, recording_calls
+from graphmend.rules import Decline
 
 ALIASES = ("gm", "graphmend_rt")
-_SITE_CALLS = set(recording_calls())  # runtime calls whose first argument is (module, line, function)
 
 
 def existing_alias(tree: ast.Module) -> str | None:
@@ -114,7 +113,8 @@ def add_import(text: str, tree: ast.Module, alias: str) -> str:
 
 
 def site_calls(tree: ast.AST, alias: str) -> list[ast.Call]:
-    """The runtime calls that carry a site key ``(module, line, function)``."""
+    """The runtime calls whose first argument is a site key ``(module, line, function)``
+    (what records, traps and speculates)."""
     out = []
     for node in ast.walk(tree):
         if (
@@ -122,12 +122,13 @@ def site_calls(tree: ast.AST, alias: str) -> list[ast.Call]:
             and isinstance(node.func, ast.Attribute)
             and isinstance(node.func.value, ast.Name)
             and node.func.value.id == alias
-            and node.func.attr in _SITE_CALLS
             and node.args
             and isinstance(node.args[0], ast.Tuple)
             and len(node.args[0].elts) == 3
             and isinstance(node.args[0].elts[1], ast.Constant)
             and type(node.args[0].elts[1].value) is int
+            and isinstance(node.args[0].elts[2], ast.Constant)
+            and type(node.args[0].elts[2].value) is str
         ):
             out.append(node)
     return out

@@ -11,10 +11,12 @@ the target (``python -m graphmend.tools.written JOB``):
   changes; ``SourceFileLoader`` reads them, no bytecode cache is used),
   compiled by ``torch.compile`` with a counting backend, with the capture
   flags the fix names set, and called inside ``graphmend.runtime.region()``
-  as the written code's users call it.
+  as the written code's users call it (in ``graphmend.runtime.call`` when it
+  speculates, after one call that learns the values to guess, as
+  ``graphmend.compile``'s mend does).
 
-Both run once on the target's example inputs with autograd as the mend
-measured it, from the same seed. The written side must compile at most the
+Both build the target from seed 0 and run it once on its example inputs,
+with autograd as the mend measured it, from the same seed. The written side must compile at most the
 graphs the mend reported, with the original's outputs bit for bit, module
 state, printed text, log records and warnings (their line numbers in a
 changed file left out: the written file's lines moved), and the same
@@ -43,16 +45,20 @@ class Run:
     error: str | None = None
 
 
-def run_fresh(target: str, texts: dict[str, str], *, compiled: bool, grad: bool, flags: tuple[str, ...] = ()) -> Run:
+def run_fresh(
+    target: str, texts: dict[str, str], *, compiled: bool, grad: bool, flags: tuple[str, ...] = (), speculating: bool = False
+) -> Run:
     """Load ``target`` in a new process with ``texts`` (path -> source) in place
-    of those files, and call it once (compiled or eagerly)."""
+    of those files, and call it once (compiled or eagerly; ``speculating``: in
+    ``runtime.call``, as ``graphmend.compile`` calls a model with [Speculate] sites)."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="graphmend-written-") as folder:
         job = os.path.join(folder, "job.json")
         out = os.path.join(folder, "observation.pt")
         with open(job, "w", encoding="utf-8") as fh:
-            json.dump({"target": target, "texts": texts, "compiled": compiled, "grad": grad, "flags": list(flags), "out": out}, fh)
+            json.dump({"target": target, "texts": texts, "compiled": compiled, "grad": grad, "flags": list(flags),
+                       "speculating": speculating, "out": out}, fh)
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "graphmend.tools.written", job],
@@ -133,9 +139,11 @@ def _main(job_path: str) -> int:
     _serve(job["texts"])
     import torch
 
+    from graphmend.discover.isolation import seed_everything
     from graphmend.models.targets import load_target
     from graphmend.rewrite.verify import observe, quiet
 
+    seed_everything(0)  # a factory that draws without seeding builds the same model in both processes
     with quiet():
         target = load_target(job["target"])
     graphs = 0
@@ -146,11 +154,29 @@ def _main(job_path: str) -> int:
         return gm.forward
 
     compiled = tuple(job["flags"]) if job["compiled"] else None
+    if job["speculating"]:  # a first call learns the values to guess, as graphmend.compile's mend does
+        _learn_guesses(target, job["grad"])
     observation = observe(
-        target.model, target.args, target.kwargs, in_region=False, grad=job["grad"], compiled=compiled, backend=counting
+        target.model, target.args, target.kwargs, in_region=False, grad=job["grad"], compiled=compiled, backend=counting,
+        speculating=job["speculating"],
     )
     torch.save({"observation": observation, "graphs": graphs}, job["out"])
     return 0
+
+
+def _learn_guesses(target: Any, grad: bool) -> None:
+    import copy
+
+    import torch
+
+    from graphmend import runtime
+    from graphmend.discover.isolation import random_state_kept
+    from graphmend.rewrite.verify import quiet
+
+    with random_state_kept(), quiet(), (torch.enable_grad() if grad else torch.no_grad()):
+        model = torch.compile(copy.deepcopy(target.model), backend="eager")
+        runtime.call(model, *copy.deepcopy(target.args), **copy.deepcopy(target.kwargs))
+    torch._dynamo.reset()
 
 
 if __name__ == "__main__":
