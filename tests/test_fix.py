@@ -463,3 +463,32 @@ def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
     assert [(f.line, f.plain) for f in change.forms] == [(20, True), (29, False), (67, False)]
     assert change.forms[2].why == (
         "guarded: `item_of(h.sum(), 0) > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)")
+
+
+def test_portable_keeps_only_what_needs_nothing_but_torch_and_lists_the_rest(tmp_path, capsys):
+    path = tmp_path / "usermodel.py"
+    path.write_text(SMALL)
+    assert cli.main(["fix", f"{path}:build", "--write", "--portable", "--root", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert ("ran alone in a fresh process: 2 graph(s), as the original eagerly "
+            "(torch only; the original compiles 3, the whole fix 1)") in err
+    assert "usermodel.py:16: needs graphmend's runtime (gm.log): left out (--portable)" in err
+    written = path.read_text()
+    assert written == SMALL.replace(
+        "        if h.sum() > 0:\n            h = h * 2\n        else:\n            h = h - 1\n",
+        "        h = torch.where(h.sum() > 0, h * 2, h - 1)\n",
+    )
+    assert "graphmend" not in written
+    fixed, original = _alone(tmp_path, written, "compiled"), _alone(tmp_path, SMALL, "eager")
+    assert fixed["graphs"] == 2 and torch.equal(fixed["output"], original["output"])
+    assert [r[5] for r in fixed["records"]] == [r[5] for r in original["records"]]
+
+
+def test_portable_with_nothing_torch_alone_can_do_writes_nothing(tmp_path):
+    text = SMALL.replace("        if h.sum() > 0:\n            h = h * 2\n        else:\n            h = h - 1\n", "")
+    path = tmp_path / "usermodel.py"
+    path.write_text(text)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path), portable=True)
+    assert report.changes == [] and report.alone == ""
+    assert report.skipped == [f"{path}: every rewrite here needs graphmend's runtime (line 16: gm.log)"]

@@ -97,7 +97,7 @@ def cmd_fix(ns: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # the model's prints never mix with the diff
         target = load_target(ns.target)
         with quiet():
-            report = fix_target(target, root=ns.root, started=started)
+            report = fix_target(target, root=ns.root, started=started, portable=ns.portable)
     project = [c for c in report.changes if c.kind == "project"]
     packages = [c for c in report.changes if c.kind == "package"]
     if ns.write:
@@ -123,6 +123,8 @@ def cmd_fix(ns: argparse.Namespace) -> int:
     for change in report.changes:
         for form in change.forms:
             print(f"  {change.display}:{form.line} [where] {form.why}", file=sys.stderr)
+        for line in change.needs_runtime:
+            print(f"  {line}: left out (--portable)", file=sys.stderr)
     for path in report.written:
         print(f"  wrote {path}", file=sys.stderr)
     for path in report.backups:
@@ -332,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch-dir", metavar="DIR", help="write one <package>.patch per installed package changed")
     p.add_argument("--root", default=".", help="the project: files under it are yours, others are packages (default .)")
     p.add_argument("--force", action="store_true", help="--write even files with uncommitted changes in git")
+    p.add_argument("--portable", action="store_true",
+                   help="only the rewrites that need nothing but torch (patches for upstream); the rest are listed")
     p.add_argument("--json", action="store_true", help="print the report (and the diff) as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_fix)

@@ -70,15 +70,36 @@ def diff_body(
             at = _start(anchor) if i1 < len(a) else anchor.end_lineno + 1
             edits.append(Edit(at, at - 1, Layout(lines, unit, quote_of("".join(lines))).render(b[j1:j2], _indent_of(lines, anchor), _newline(lines, anchor))))
             continue
-        first, last = a[i1], a[i2 - 1]
-        start, end = _start(first), last.end_lineno or last.lineno
-        check_alone(lines, first, last)
-        indent = _indent_of(lines, first)
-        newline = _newline(lines, first)
-        written = Layout(lines, unit, quote_of("".join(lines))).render(b[j1:j2], indent, newline)
-        kept = [comments[n] for n in range(start, end + 1) if n in comments and not any(comments[n] in w for w in written)]
-        text = [indent + c + newline for c in kept] + written
-        edits.append(Edit(start, end, text))
+        for old, new in _per_statement(a[i1:i2], b[j1:j2]):
+            edits.append(_replacement(old, new, lines, unit, comments))
+
+
+def _per_statement(a: list[ast.stmt], b: list[ast.stmt]) -> list[tuple[list[ast.stmt], list[ast.stmt]]]:
+    """A replaced run split statement by statement where each new statement stands
+    at one of the old ones' positions (a rule's output keeps the line of what it
+    replaced), in order; else the run whole. An edit per original statement keeps
+    comments beside their statement, and lets ``--portable`` leave one out."""
+    starts = {(s.lineno, s.col_offset): i for i, s in enumerate(a)}
+    owner = [starts.get((getattr(s, "lineno", None), getattr(s, "col_offset", None))) for s in b]
+    if None in owner or owner != sorted(owner) or (b and owner[0] != 0):
+        return [(a, b)]
+    return [(a[i : i + 1], [s for s, o in zip(b, owner) if o == i]) for i in range(len(a))]
+
+
+def _replacement(a: list[ast.stmt], b: list[ast.stmt], lines: list[str], unit: str, comments: dict[int, str]) -> Edit:
+    first, last = a[0], a[-1]
+    start, end = _start(first), last.end_lineno or last.lineno
+    check_alone(lines, first, last)
+    indent = _indent_of(lines, first)
+    newline = _newline(lines, first)
+    written = Layout(lines, unit, quote_of("".join(lines))).render(b, indent, newline)
+    kept = [comments[n] for n in range(start, end + 1) if n in comments and not any(comments[n] in w for w in written)]
+    if start == end and len(written) == 1 and kept:  # one line for one: its comment stays at its end
+        code = lines[start - 1].rstrip("\r\n")
+        gap = code[: len(code) - len(kept[0])]
+        gap = gap[len(gap.rstrip()) :] or "  "
+        return Edit(start, end, [written[0][: len(written[0]) - len(newline)] + gap + kept[0] + newline])
+    return Edit(start, end, [indent + c + newline for c in kept] + written)
 
 
 def _descendable(x: ast.stmt, y: ast.stmt) -> bool:

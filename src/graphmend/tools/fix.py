@@ -72,6 +72,7 @@ from graphmend.tools.spelling import (
     alias_for,
     normalised,
     renumber_sites,
+    runtime_calls,
     spelled,
     uses,
 )
@@ -89,6 +90,7 @@ class FileChange:
     functions: list[str] = field(default_factory=list)
     sites: list[int] = field(default_factory=list)  # original lines of the mended sites
     forms: list[Plain] = field(default_factory=list)  # each [Where] select: plain torch or guarded, and why
+    needs_runtime: list[str] = field(default_factory=list)  # --portable: the edits left out, and what they call
 
     def diff(self) -> str:
         return unified_diff(self.old, self.new, self.display)
@@ -102,6 +104,7 @@ class FileChange:
             "functions": list(self.functions),
             "sites": list(self.sites),
             "selects": [{"line": f.line, "plain": f.plain, "why": f.why} for f in self.forms],
+            "needs_runtime": list(self.needs_runtime),
         }
 
 
@@ -138,11 +141,15 @@ class FixReport:
 # from a target to file changes
 
 
-def fix_target(target: Any, *, root: str = ".", started: float | None = None, run_alone: bool = True) -> FixReport:
+def fix_target(
+    target: Any, *, root: str = ".", started: float | None = None, run_alone: bool = True, portable: bool = False
+) -> FixReport:
     """Mend ``target``, keep what verified, and compute the file changes (nothing
     is written). With ``run_alone``, the changes are those that ran alone in a
     fresh process as the original did (``tools/written.py``): plain torch where
-    ``tools/plain.py`` proves it, else the guarded form, else none."""
+    ``tools/plain.py`` proves it, else the guarded form, else none. ``portable``:
+    only the changes that need nothing but torch (each other one is listed in
+    its file's ``needs_runtime``), checked to be no worse than the original."""
     from graphmend.passes.speculation import may_run_twice
     from graphmend.pipeline import mend_target
 
@@ -153,11 +160,11 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
     try:
         if not mending.patches or not report.verified:
             return result
-        for plain in (True, False):
-            attempts.append(_file_changes(mending, report, root, started, plain, target.model))
+        for plain in (True,) if portable else (True, False):
+            attempts.append(_file_changes(mending, report, root, started, plain, target.model, portable))
             if not any(site.plain for change in attempts[-1][0] for site in change.forms):
                 break  # nothing plain: the guarded form is all there is
-        if mending.memo_attrs:
+        if mending.memo_attrs and not portable:
             result.notes.append(
                 "hoisted memo attribute(s) " + ", ".join(sorted(mending.memo_attrs)) + " are created on the first "
                 "call by the written code (graphmend.compile fills them at mend time): expect one recompile"
@@ -171,7 +178,9 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
     finally:
         mending.undo()
     original = None
-    speculates = report.speculates and may_run_twice(target.model)
+    speculates = report.speculates and may_run_twice(target.model) and not portable
+    # A portable patch claims no more graphs than the original; the whole fix, what the mend measured.
+    claimed = report.before.graphs if portable else report.after.graphs
     for changes, skipped in attempts:
         if not changes or not run_alone:
             result.changes, result.skipped = changes, result.skipped + skipped
@@ -183,10 +192,14 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
         written = run_fresh(
             target.name, texts, compiled=True, grad=report.grad, flags=tuple(flags or ()), speculating=speculates
         )
-        why = differences(original, written, report.after.graphs, set(texts), mending.memo_attrs)
+        why = differences(original, written, claimed, set(texts), mending.memo_attrs)
         if not why:
             result.changes, result.skipped = changes, result.skipped + skipped
             result.alone = f"ran alone in a fresh process: {written.graphs} graph(s), as the original eagerly"
+            if portable:
+                result.alone += (
+                    f" (torch only; the original compiles {report.before.graphs}, the whole fix {report.after.graphs})"
+                )
             return result
         form = "plain torch" if any(site.plain for c in changes for site in c.forms) else "the guarded form"
         result.notes.append(f"{form} did not run alone as the original: {why[0]}")
@@ -195,7 +208,7 @@ def fix_target(target: Any, *, root: str = ".", started: float | None = None, ru
 
 
 def _file_changes(
-    mending: Any, report: Any, root: str, started: float, plain: bool, model: Any
+    mending: Any, report: Any, root: str, started: float, plain: bool, model: Any, portable: bool = False
 ) -> tuple[list[FileChange], list[str]]:
     """Each changed file's new text (``plain``: selects in plain torch where proven), and the files skipped."""
     by_file: dict[str, list[Any]] = {}
@@ -206,7 +219,7 @@ def _file_changes(
         try:
             if os.stat(path).st_mtime > started:
                 raise Decline("the file changed on disk while graphmend ran")
-            change = file_change(path, patches, root, model=model if plain else None)
+            change = file_change(path, patches, root, model=model if plain else None, portable=portable)
         except Decline as exc:
             skipped.append(f"{path}: {exc.reason}")
             continue
@@ -215,9 +228,10 @@ def _file_changes(
     return changes, skipped
 
 
-def file_change(path: str, patches: list[Any], root: str, *, model: Any = None) -> FileChange:
+def file_change(path: str, patches: list[Any], root: str, *, model: Any = None, portable: bool = False) -> FileChange:
     """The new text of ``path`` with every patch's function rewritten in place
-    (``model``: the live target, for ``plain_selects``; None writes every select guarded)."""
+    (``model``: the live target, for ``plain_selects``; None writes every select
+    guarded). ``portable``: only the edits that do not call the runtime."""
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -252,15 +266,28 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None) 
         functions.append(getattr(patch.original_code, "co_qualname", original.name))
         expected.append((_path_of(tree, original), new))
     check_disjoint(edits)
+    kind, package, display = classify(path, root)
+    needs: list[str] = []
+    if portable:
+        left: list[str] = []
+        for edit in sorted((e for e in edits if runtime_calls(e.text, alias)), key=lambda e: e.start):
+            calls = ", ".join(f"{alias}.{c}" for c in runtime_calls(edit.text, alias))
+            needs.append(f"{display}:{edit.start}: needs graphmend's runtime ({calls})")
+            left.append(f"line {edit.start}: {calls}")
+            edits.remove(edit)
+        if not edits:
+            raise Decline(f"every rewrite here needs graphmend's runtime ({'; '.join(left)})")
     for edit in sorted(edits, key=lambda e: e.start, reverse=True):
         lines[edit.start - 1 : edit.end] = edit.text
     new_text = "".join(lines)
-    if any(uses(node, alias) for _, node in expected):
-        new_text = add_import(new_text, tree, alias)
-    new_text = renumber_sites(new_text, alias)
-    _check_written(new_text, expected, alias)
-    kind, package, display = classify(path, root)
-    return FileChange(path, display, kind, package, encoding, text, new_text, functions, forms=forms)
+    if portable:
+        _check_parses(new_text)  # the functions are partly rewritten: running alone is the proof
+    else:
+        if any(uses(node, alias) for _, node in expected):
+            new_text = add_import(new_text, tree, alias)
+        new_text = renumber_sites(new_text, alias)
+        _check_written(new_text, expected, alias)
+    return FileChange(path, display, kind, package, encoding, text, new_text, functions, forms=forms, needs_runtime=needs)
 
 
 def classify(path: str, root: str) -> tuple[str, str | None, str]:
@@ -331,12 +358,15 @@ def _signature(node: ast.AST) -> str:
     return ast.dump(shell)
 
 
-def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]], alias: str) -> None:
+def _check_parses(text: str) -> ast.Module:
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except SyntaxError as exc:
         raise Decline(f"internal: the written file does not parse ({exc.msg} at line {exc.lineno})") from None
-    defs = _defs_by_path(tree)
+
+
+def _check_written(text: str, expected: list[tuple[tuple[str, ...], ast.AST]], alias: str) -> None:
+    defs = _defs_by_path(_check_parses(text))
     for path, node in expected:
         written = defs.get(path, [])
         if not any(normalised(w, alias) == normalised(node, alias) for w in written):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 import copy
 import io
+import re
+import textwrap
 import tokenize
 
 from graphmend.analysis.source import RUNTIME_NAME
@@ -78,6 +80,19 @@ def spelled(node: ast.AST, alias: str, module: str | None) -> ast.AST:
 
 def uses(node: ast.AST, alias: str) -> bool:
     return any(isinstance(s, ast.Name) and s.id == alias for s in ast.walk(node))
+
+
+def runtime_calls(lines: list[str], alias: str) -> list[str]:
+    """The runtime functions ``lines`` call (``alias.<name>``), sorted."""
+    text = textwrap.dedent("".join(lines))
+    tokens = _tokens(text)
+    if not tokens:  # not tokenizable alone: by the text itself (a call in a string counts too)
+        return sorted(set(re.findall(rf"\b{re.escape(alias)}\.(\w+)", text)))
+    found = set()
+    for first, dot, name in zip(tokens, tokens[1:], tokens[2:]):
+        if (first.type, first.string, dot.string, name.type) == (tokenize.NAME, alias, ".", tokenize.NAME):
+            found.add(name.string)
+    return sorted(found)
 
 
 def import_line(alias: str) -> str:
