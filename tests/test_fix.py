@@ -492,3 +492,18 @@ def test_portable_with_nothing_torch_alone_can_do_writes_nothing(tmp_path):
         report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path), portable=True)
     assert report.changes == [] and report.alone == ""
     assert report.skipped == [f"{path}: every rewrite here needs graphmend's runtime (line 16: gm.log)"]
+
+
+def test_portable_bart_fp16_patch_is_the_one_in_the_readme(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "patches"
+    assert cli.main(["fix", "zoo:bart-fp16", "--portable", "--patch-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "ran alone in a fresh process: 4 graph(s), as the original eagerly (torch only; the original compiles 8, the whole fix 1)" in err
+    patch = (out / "transformers.patch").read_text()
+    assert "graphmend" not in patch
+    with open(os.path.join(os.path.dirname(HERE), "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    shown = readme.split("```diff\n", 1)[1].split("```", 1)[0]
+    assert shown in patch  # the README's diff, line for line (context included)
+    assert patch.count("\n@@ ") + patch.startswith("@@") == 1  # the one select: one hunk

@@ -264,6 +264,47 @@ CASES = [
         """),
         guarded="guarded: `h[0, 0] > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)",
     ),
+    _case(
+        "a-number-temporary-under-a-dtype-test-bart-fp16",
+        """\
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(4)
+
+            def forward(self, x):
+                h = self.norm(x)
+                if h.dtype == torch.float16 and (torch.isinf(h).any() or torch.isnan(h).any()):  # <-
+                    c = torch.finfo(h.dtype).max - 1000
+                    h = torch.clamp(h, min=-c, max=c)
+                return h
+        """,
+        plain="""
+            def forward(self, x):
+                h = self.norm(x)
+                if h.dtype == torch.float16:
+                    c = torch.finfo(h.dtype).max - 1000
+                    h = torch.where(torch.logical_or(torch.isinf(h).any(), torch.isnan(h).any()), torch.clamp(h, min=-c, max=c), h)
+                return h
+        """,
+    ),
+    _case(
+        "a-number-temporary-that-may-raise-without-the-dtype-test",
+        """\
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(4)
+
+            def forward(self, x):
+                h = self.norm(x)
+                if torch.isinf(h).any():  # <-
+                    c = torch.finfo(h.dtype).max - 1000
+                    h = torch.clamp(h, min=-c, max=c)
+                return h
+        """,
+        guarded="guarded: `c = torch.finfo(h.dtype).max - 1000` is not proven a Python number that cannot raise (it would run on both paths)",
+    ),
 ]
 
 

@@ -129,41 +129,55 @@ def plain_selects(fdef: ast.AST, namespace: dict[str, Any], model: Any) -> tuple
     return fdef, notes
 
 
+@dataclass
+class _Select:
+    """A guarded select found in a rewritten body: its test (as lowered), the
+    branch's temporaries (the user's statements), target and values, the check."""
+
+    test: ast.expr
+    temps: list[ast.stmt]
+    target: str
+    when_true: ast.expr
+    when_false: ast.expr
+    check: str
+
+
 def _walk(
-    body: list[ast.stmt], scope: list[list[ast.stmt] | ast.stmt], fdef: ast.AST, namespace: dict, model: Any,
-    params: frozenset[str], notes: list[Plain],
+    body: list[ast.stmt], scope: list[tuple[list[ast.stmt], ast.stmt, str]], fdef: ast.AST, namespace: dict,
+    model: Any, params: frozenset[str], notes: list[Plain],
 ) -> None:
+    """``scope``: for each enclosing compound statement, outermost first, the
+    statements before it, it, and the field (``body``, ``orelse``...) we are in."""
     index = 0
     while index < len(body):
         found = _guarded(body, index)
         if found is not None:
-            test, target, when_true, when_false, check = found
             line = body[index].lineno
             where = _torch_where(namespace)
-            why = _proof(test, target, when_true, when_false, check, where, body[:index], scope, model, params)
+            why = _proof(found, where, body[:index], scope, model, params)
             cond = body[index].targets[0].id  # type: ignore[attr-defined]
             if why.startswith("plain") and _reads(fdef, cond) != _reads(ast.Module(body=body[index : index + 2], type_ignores=[]), cond):
                 why = f"guarded: `{cond}` is read again after the select"
             if why.startswith("plain"):
-                call = ast.Call(func=where, args=[test, when_true, when_false], keywords=[])  # type: ignore[arg-type]
-                new = ast.Assign(targets=[ast.Name(id=target, ctx=ast.Store())], value=call, lineno=line)
-                body[index : index + 2] = [ast.fix_missing_locations(ast.copy_location(new, body[index]))]
+                call = ast.Call(func=where, args=[found.test, found.when_true, found.when_false], keywords=[])  # type: ignore[arg-type]
+                new = ast.Assign(targets=[ast.Name(id=found.target, ctx=ast.Store())], value=call, lineno=line)
+                body[index : index + 2] = found.temps + [ast.fix_missing_locations(ast.copy_location(new, body[index]))]
+                index += len(found.temps)
             notes.append(Plain(line, why.startswith("plain"), why))
         stmt = body[index]
         if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             for name in ("body", "orelse", "finalbody"):
                 inner = getattr(stmt, name, None)
                 if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    _walk(inner, scope + [body[:index], stmt], fdef, namespace, model, params, notes)
+                    _walk(inner, scope + [(body[:index], stmt, name)], fdef, namespace, model, params, notes)
             for handler in getattr(stmt, "handlers", []) or []:
-                _walk(handler.body, scope + [body[:index], stmt], fdef, namespace, model, params, notes)
+                _walk(handler.body, scope + [(body[:index], stmt, "handlers")], fdef, namespace, model, params, notes)
         index += 1
 
 
-def _guarded(body: list[ast.stmt], index: int) -> tuple[ast.expr, str, ast.expr, ast.expr, str] | None:
-    """``_gm_cN = TEST`` then ``if rt.predicable*(_gm_cN): ... elif _gm_cN: T = a else: T = b``
-    (the else may be absent: ``b`` is ``T``) -> (TEST, T, a, b, the check's name, or
-    the further guards the runtime checks, as source)."""
+def _guarded(body: list[ast.stmt], index: int) -> _Select | None:
+    """``_gm_cN = TEST`` then ``if rt.predicable*(_gm_cN): ... elif <the test>: [temps...] T = a
+    else: T = b`` (the else may be absent: ``b`` is ``T``), as [Where] writes a two-way select."""
     if index + 1 >= len(body):
         return None
     bind, branch = body[index], body[index + 1]
@@ -185,18 +199,21 @@ def _guarded(body: list[ast.stmt], index: int) -> tuple[ast.expr, str, ast.expr,
     name = check.func.attr if len(checks) == 1 else ast.unparse(ast.BoolOp(op=ast.And(), values=checks[1:]))
     if not (len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If)):
         return None
-    original = branch.orelse[0]
-    if not (isinstance(original.test, ast.Name) and original.test.id == cond):
+    original = branch.orelse[0]  # the if as written (its test the name, or the user's own when lowered)
+    if not all(isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) for s in original.body):
         return None
-    true_value = _single(original.body)
-    false_value = _single(original.orelse) if original.orelse else None
-    if true_value is None or (original.orelse and false_value is None):
+    *temps, last = original.body
+    target = last.targets[0].id  # type: ignore[attr-defined]
+    if original.orelse:
+        other = _single(original.orelse)
+        if other is None or other[0] != target:
+            return None
+        false_value = other[1]
+    else:
+        false_value = ast.Name(id=target, ctx=ast.Load())
+    if any(t.targets[0].id == target for t in temps):  # type: ignore[attr-defined]
         return None
-    target = true_value[0]
-    if false_value is not None and false_value[0] != target:
-        return None
-    other = false_value[1] if false_value is not None else ast.Name(id=target, ctx=ast.Load())
-    return bind.value, target, true_value[1], other, name.replace(RUNTIME_NAME + ".", "")
+    return _Select(bind.value, temps, target, last.value, false_value, name.replace(RUNTIME_NAME + ".", ""))  # type: ignore[attr-defined]
 
 
 def _reads(node: ast.AST, name: str) -> int:
@@ -218,27 +235,36 @@ def _torch_where(namespace: dict) -> ast.expr | None:
 
 
 def _proof(
-    test: ast.expr, target: str, a: ast.expr, b: ast.expr, check: str, where: ast.expr | None,
-    before: list[ast.stmt], scope: list, model: Any, params: frozenset[str],
+    select: _Select, where: ast.expr | None, before: list[ast.stmt], scope: list, model: Any, params: frozenset[str]
 ) -> str:
     """"plain: <why>", or what keeps the guards."""
     if where is None:
         return "guarded: the module has no `import torch` to write `torch.where` with"
-    if check == "predicable":
+    if select.check == "predicable":
         return "guarded: under autograd the original branch must run (the runtime decides per call)"
-    if check != "predicable_with_grad":
-        return f"guarded: the runtime also checks `{check}` per call"
-    tested = _test_steps(test)
+    if select.check != "predicable_with_grad":
+        return f"guarded: the runtime also checks `{select.check}` per call"
+
+    def origin(name: str) -> frozenset[str] | None:
+        return _origin(name, before, scope, model, params)
+
+    numbers: dict[str, Number] = {}
+    for temp in select.temps:
+        number = _number_expr(temp.value, numbers, origin)  # type: ignore[attr-defined]
+        if number is None:
+            return f"guarded: `{ast.unparse(temp)}` is not proven a Python number that cannot raise (it would run on both paths)"
+        numbers[temp.targets[0].id] = number  # type: ignore[attr-defined]
+    tested = _test_steps(select.test, numbers)
     if tested is None:
-        shown = ast.unparse(test).replace(RUNTIME_NAME + ".", "")
+        shown = ast.unparse(select.test).replace(RUNTIME_NAME + ".", "")
         return f"guarded: `{shown}` is not proven a 0-dim bool tensor (a whole reduction compared with a number)"
-    sides = [_steps(a), _steps(b)]
+    sides = [_steps(select.when_true, numbers), _steps(select.when_false, numbers)]
     if None in sides or sides[0].base != sides[1].base:  # type: ignore[union-attr]
         return "guarded: the two values are not one tensor through elementwise steps with Python numbers"
     left, right = sides  # type: ignore[misc]
     known = {}
-    for name in {tested.base, left.base}:
-        dtypes = _origin(name, before, scope, model, params)
+    for name in {s.base for s in tested} | {left.base}:
+        dtypes = origin(name)
         if dtypes is None:
             return f"guarded: `{name}` is not proven a tensor where it was last assigned (a layer, a cast, a parameter annotated torch.Tensor)"
         known[name] = dtypes
@@ -260,48 +286,97 @@ def _same_dtype(left: Steps, right: Steps, dtypes: frozenset[str]) -> bool:
     return all(left.dtypes_from(frozenset({k})) == right.dtypes_from(frozenset({k})) for k in dtypes)
 
 
-def _number(node: ast.expr) -> int | float | None:
+@dataclass(frozen=True)
+class Number:
+    """A Python number the source proves: its type, and its value when a literal."""
+
+    kind: type
+    value: int | float | None = None
+
+
+_FINFO = frozenset({"max", "min", "eps", "tiny", "resolution", "smallest_normal"})
+
+
+def _number(node: ast.expr, numbers: dict[str, Number] | None = None) -> Number | None:
+    """A literal (signed), or a name bound to a proven number."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _number(node.operand)
-        return None if value is None else (-value if isinstance(node.op, ast.USub) else value)
+        inner = _number(node.operand, numbers)
+        if inner is None or inner.value is None:
+            return inner
+        return Number(inner.kind, -inner.value if isinstance(node.op, ast.USub) else inner.value)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return Number(type(node.value), node.value)
+    if isinstance(node, ast.Name) and numbers and node.id in numbers:
+        return numbers[node.id]
     return None
 
 
-def _steps(node: ast.expr) -> Steps | None:
+def _number_expr(node: ast.expr, numbers: dict[str, Number], origin: Any) -> Number | None:
+    """A Python number that evaluating ``node`` gives without raising: a literal,
+    ``torch.finfo(x.dtype).max`` (and ``min``, ``eps``...) of a tensor proven
+    floating, and ``+``, ``-``, ``*`` of those."""
+    found = _number(node, numbers)
+    if found is not None:
+        return found
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        left, right = _number_expr(node.left, numbers, origin), _number_expr(node.right, numbers, origin)
+        if left is None or right is None:
+            return None
+        return Number(float if float in (left.kind, right.kind) else int)
+    if isinstance(node, ast.Attribute) and node.attr in _FINFO and isinstance(node.value, ast.Call):
+        call = node.value
+        if _is_torch(call.func, "finfo") and len(call.args) == 1 and not call.keywords:
+            arg = call.args[0]
+            if isinstance(arg, ast.Attribute) and arg.attr == "dtype" and isinstance(arg.value, ast.Name):
+                if origin(arg.value.id) == frozenset({FLOAT}):
+                    return Number(float)
+    return None
+
+
+def _is_torch(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.value, ast.Name) and node.value.id == "torch"
+
+
+def _steps(node: ast.expr, numbers: dict[str, Number] | None = None) -> Steps | None:
     """``node`` as an elementwise chain over one name, or None."""
     if isinstance(node, ast.Name):
-        return Steps(node.id)
+        return None if numbers and node.id in numbers else Steps(node.id)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _steps(node.operand)
+        inner = _steps(node.operand, numbers)
         return inner and inner.then(raises=frozenset({BOOL}))
     if isinstance(node, ast.BinOp):
-        number, tensor, reflected = _number(node.right), node.left, False
+        number, tensor, reflected = _number(node.right, numbers), node.left, False
         if number is None:
-            number, tensor, reflected = _number(node.left), node.right, True
-        inner = _steps(tensor) if number is not None else None
-        if inner is None:
+            number, tensor, reflected = _number(node.left, numbers), node.right, True
+        inner = _steps(tensor, numbers) if number is not None else None
+        if inner is None or number is None:
             return None
-        ints, floats = type(number) is int, type(number) is float
+        ints, floats = number.kind is int, number.kind is float
         if isinstance(node.op, (ast.Add, ast.Mult)):
             return inner.then(ints=ints, floats=floats)
         if isinstance(node.op, ast.Sub):
             return inner.then(ints=ints, floats=floats, raises=frozenset({BOOL}))
-        if isinstance(node.op, ast.Div) and not reflected and number != 0:  # 2 / h: an infinite derivative at 0
+        if isinstance(node.op, ast.Div) and not reflected and number.value not in (0, None):  # 2 / h: infinite at 0
             return inner.then(floats=True)
         return None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS:
-        if node.keywords or not all(_number(arg) is not None or _is_none(arg) for arg in node.args):
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS and not _is_torch(node.func, node.func.attr):
+            receiver, args, method = node.func.value, node.args, node.func.attr
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS and node.args:
+            receiver, args, method = node.args[0], node.args[1:], node.func.attr  # torch.clamp(h, ...)
+        else:
             return None
-        inner = _steps(node.func.value)
+        if any(k.arg not in ("min", "max") for k in node.keywords) or (node.keywords and method not in ("clamp", "clip")):
+            return None
+        values = list(args) + [k.value for k in node.keywords]
+        if not all(_number(v, numbers) is not None or _is_none(v) for v in values):
+            return None
+        inner = _steps(receiver, numbers)
         if inner is None:
             return None
-        numbers = [_number(arg) for arg in node.args]
+        kinds = [n.kind for n in (_number(v, numbers) for v in values) if n is not None]
         return inner.then(
-            ints=any(type(n) is int for n in numbers),
-            floats=node.func.attr in _TO_FLOAT or any(type(n) is float for n in numbers),
-            raises=_METHODS[node.func.attr],
+            ints=int in kinds, floats=method in _TO_FLOAT or float in kinds, raises=_METHODS[method]
         )
     return None
 
@@ -310,29 +385,46 @@ def _is_none(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def _test_steps(node: ast.expr) -> Steps | None:
-    """The chain a test reduces when it is a 0-dim bool tensor by construction."""
+def _test_steps(node: ast.expr, numbers: dict[str, Number] | None = None) -> list[Steps] | None:
+    """The chains a test reduces when it is a 0-dim bool tensor by construction:
+    a whole reduction compared with a number, ``.any()``/``.all()``, and
+    ``torch.logical_and``/``logical_or``/``logical_not`` of those."""
+    if isinstance(node, ast.Call) and any(_is_torch(node.func, f) for f in ("logical_and", "logical_or", "logical_not")):
+        parts = [_test_steps(arg, numbers) for arg in node.args]
+        if node.keywords or not parts or len(parts) > 2 or any(p is None for p in parts):
+            return None
+        return [s for p in parts for s in p]  # type: ignore[union-attr]
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], _COMPARE):
         sides = [node.left, node.comparators[0]]
-        numbers = [_number(side) for side in sides]
-        if numbers.count(None) != 1:
+        found = [_number(side, numbers) for side in sides]
+        if found.count(None) != 1:
             return None
-        reduced = sides[numbers.index(None)]
-        return _reduced(reduced, _REDUCTIONS | _TESTS)
-    return _reduced(node, _TESTS)
+        reduced = _reduced(sides[found.index(None)], _REDUCTIONS | _TESTS, numbers)
+        return None if reduced is None else [reduced]
+    reduced = _reduced(node, _TESTS, numbers)
+    return None if reduced is None else [reduced]
 
 
-def _reduced(node: ast.expr, names: frozenset[str]) -> Steps | None:
-    """``x.sum()`` (a name in ``names``, no arguments) of a chain, or of a chain
-    compared with a number (``(h > 3).any()``)."""
+_ELEMENTWISE_TESTS = frozenset({"isinf", "isnan", "isfinite"})
+
+
+def _reduced(node: ast.expr, names: frozenset[str], numbers: dict[str, Number] | None = None) -> Steps | None:
+    """``x.sum()`` (a name in ``names``, no arguments) of a chain, of a chain
+    compared with a number (``(h > 3).any()``), or of ``torch.isinf(h)``
+    (``isnan``, ``isfinite``)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names:
         if not node.args and not node.keywords:
             receiver = node.func.value
             if isinstance(receiver, ast.Compare) and len(receiver.ops) == 1 and isinstance(receiver.ops[0], _COMPARE):
                 sides = [receiver.left, receiver.comparators[0]]
-                numbers = [_number(side) for side in sides]
-                return _steps(sides[numbers.index(None)]) if numbers.count(None) == 1 else None
-            return _steps(receiver)
+                found = [_number(side, numbers) for side in sides]
+                return _steps(sides[found.index(None)], numbers) if found.count(None) == 1 else None
+            if (
+                isinstance(receiver, ast.Call) and any(_is_torch(receiver.func, f) for f in _ELEMENTWISE_TESTS)
+                and len(receiver.args) == 1 and not receiver.keywords
+            ):
+                return _steps(receiver.args[0], numbers)
+            return _steps(receiver, numbers)
     return None
 
 
@@ -356,37 +448,66 @@ def _binds(node: ast.AST, name: str) -> bool:
     ) or any(isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub.name == name for sub in ast.walk(node))
 
 
-Levels = list[tuple[list[ast.stmt], "ast.stmt | None"]]  # statements before, innermost first; the compound holding them
+# Statements before, innermost first; the compound statement holding them, and its field they are in.
+Levels = list[tuple[list[ast.stmt], "ast.stmt | None", str]]
 
 
 def _origin(name: str, before: list[ast.stmt], scope: list, model: Any, params: frozenset[str]) -> frozenset[str] | None:
-    """The dtypes ``name``'s tensor can have after ``before`` (``scope``: the
-    statements before each enclosing compound statement, then it, outermost
-    first), or None when it is not proven a tensor."""
-    pairs = list(zip(scope[0::2], scope[1::2]))
-    levels: Levels = [(before, pairs[-1][1] if pairs else None)]
-    for i in range(len(pairs) - 1, -1, -1):
-        levels.append((pairs[i][0], pairs[i - 1][1] if i > 0 else None))
+    """The dtypes ``name``'s tensor can have after ``before`` (``scope``: see
+    ``_walk``), or None when it is not proven a tensor."""
+    levels: Levels = [(before, scope[-1][1], scope[-1][2]) if scope else (before, None, "")]
+    for i in range(len(scope) - 1, -1, -1):
+        levels.append((scope[i][0], scope[i - 1][1], scope[i - 1][2]) if i > 0 else (scope[i][0], None, ""))
     return _origin_in(name, levels, model, params, 0)
 
 
 def _origin_in(name: str, levels: Levels, model: Any, params: frozenset[str], depth: int) -> frozenset[str] | None:
     """The last statement binding ``name`` before, looking outwards: a plain
     assignment is read (``_value_origin``); anything else is not proven. Leaving
-    a loop that binds ``name`` stops: its value may come from a later iteration."""
+    a loop that binds ``name`` stops (its value may come from a later
+    iteration); leaving the body of an ``if name.dtype == torch.float16:``
+    narrows what a binding further out can be."""
     if depth > 8:
         return None
-    for position, (block, holder) in enumerate(levels):
+    narrowed = ANY_DTYPE
+    for position, (block, holder, field) in enumerate(levels):
         for index in range(len(block) - 1, -1, -1):
             stmt = block[index]
             if not _binds(stmt, name):
                 continue
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-                return _value_origin(stmt.value, [(block[:index], holder)] + levels[position + 1 :], model, params, depth)
+                found = _value_origin(stmt.value, [(block[:index], holder, field)] + levels[position + 1 :], model, params, depth)
+                return None if found is None else found & narrowed
             return None
         if isinstance(holder, (ast.For, ast.AsyncFor, ast.While)) and _binds(holder, name):
             return None
-    return ANY_DTYPE if name in params else None
+        if isinstance(holder, ast.If) and field == "body":
+            narrowed = narrowed & _dtype_facts(holder.test, name)
+    return ANY_DTYPE & narrowed if name in params else None
+
+
+_FLOATING_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16", "half", "float", "double"})
+_COMPLEX_DTYPES = frozenset({"complex64", "complex128", "cfloat", "cdouble", "complex32", "chalf"})
+
+
+def _dtype_facts(test: ast.expr, name: str) -> frozenset[str]:
+    """What an ``if`` test that holds says of ``name``'s dtype: ``name.dtype ==
+    torch.float16`` (a conjunct of it) -> floating; else anything."""
+    conjuncts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    found = ANY_DTYPE
+    for part in conjuncts:
+        if isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], (ast.Eq, ast.Is)):
+            for one, other in ((part.left, part.comparators[0]), (part.comparators[0], part.left)):
+                if (
+                    isinstance(one, ast.Attribute) and one.attr == "dtype" and isinstance(one.value, ast.Name)
+                    and one.value.id == name and isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name)
+                    and other.value.id == "torch"
+                ):
+                    if other.attr in _FLOATING_DTYPES:
+                        found = found & frozenset({FLOAT})
+                    elif other.attr in _COMPLEX_DTYPES:
+                        found = found & frozenset({COMPLEX})
+    return found
 
 
 def _value_origin(node: ast.expr, levels: Levels, model: Any, params: frozenset[str], depth: int) -> frozenset[str] | None:
@@ -397,7 +518,7 @@ def _value_origin(node: ast.expr, levels: Levels, model: Any, params: frozenset[
             return _REAL_OR_COMPLEX
         if attr in _CASTS and not node.args and not node.keywords:
             inner = _steps(owner)
-            if inner is not None and _origin_in(inner.base, levels, model, params, depth + 1):
+            if inner is not None and _origin_in(inner.base, levels, model, params, depth + 1) is not None:
                 return frozenset({_CASTS[attr]})
             return None
     steps = _steps(node)
