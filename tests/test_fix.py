@@ -507,3 +507,11 @@ def test_portable_bart_fp16_patch_is_the_one_in_the_readme(tmp_path, capsys):
     shown = readme.split("```diff\n", 1)[1].split("```", 1)[0]
     assert shown in patch  # the README's diff, line for line (context included)
     assert patch.count("\n@@ ") + patch.startswith("@@") == 1  # the one select: one hunk
+    import transformers.models.bart.modeling_bart as bart
+
+    tree = tmp_path / "tree" / "transformers" / "models" / "bart"
+    tree.mkdir(parents=True)
+    shutil.copy(bart.__file__, tree / "modeling_bart.py")
+    subprocess.run(["patch", "-p1", "-s", "-i", str(out / "transformers.patch")], cwd=tmp_path / "tree", check=True)
+    patched = (tree / "modeling_bart.py").read_text()
+    assert "torch.logical_or(torch.isinf(hidden_states).any(), torch.isnan(hidden_states).any())," in patched
