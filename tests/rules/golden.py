@@ -104,4 +104,6 @@ def rewritten(rule: str, source: str) -> tuple[SiteRewrite, ast.AST, types.Modul
     located = Located(functions=[], code=None, node=copy.deepcopy(fdef), filename=module.__file__, namespace=vars(module))  # type: ignore[arg-type]
     site = SiteRewrite(line=line, rule=load_rules()[rule], chains=chains)
     node = rewrite(located, [site], model)
+    if site.ok:  # what the engine installs must compile (ast.unparse prints a one-value BoolOp that does not)
+        compile(ast.fix_missing_locations(ast.Module(body=[copy.deepcopy(node)], type_ignores=[])), module.__file__, "exec")
     return site, node, module, model

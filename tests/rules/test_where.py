@@ -671,6 +671,50 @@ def test_an_early_return_whose_rest_stores_an_attribute_in_a_nested_if_is_declin
 
 GOLDEN = [
     golden.case(
+        "a-nested-if-whose-only-name-is-dropped-one-check",
+        """
+        def f(x):
+            if x.sum() > 0:  # <-
+                y = x * 2
+                if y.mean() > 1:
+                    z = y
+            else:
+                y = x
+            return y
+        """,
+        # The nested if's only check is its test: one condition, not a BoolOp of one
+        # (which does not compile: the site was declined as an internal error).
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.sum() > 0
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = x * 2
+                _gm_c1 = _gm_t0.mean() > 1
+                _gm_t1 = _gm_t0
+                if __graphmend_rt__.predicable(_gm_c1):
+                    _gm_f0 = x
+                    if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                        y = torch.where(_gm_c0, _gm_t0, _gm_f0)
+                    elif _gm_c0:
+                        y = _gm_t0
+                    else:
+                        y = _gm_f0
+                elif _gm_c0:
+                    y = x * 2
+                    if y.mean() > 1:
+                        z = y
+                else:
+                    y = x
+            elif _gm_c0:
+                y = x * 2
+                if y.mean() > 1:
+                    z = y
+            else:
+                y = x
+            return y
+        """,
+    ),
+    golden.case(
         "if-else-assigns-a-name",
         """
         def f(x):

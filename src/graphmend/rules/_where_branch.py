@@ -276,7 +276,8 @@ class Speculation:
             env[target] = temp
             known.add(target)
         rest: list[ast.stmt] = [*merged]
-        self.out.append(ast.If(test=ast.BoolOp(op=ast.And(), values=checks), body=rest, orelse=[fallback_marker()]))
+        check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)  # a BoolOp of one does not compile
+        self.out.append(ast.If(test=check, body=rest, orelse=[fallback_marker()]))
         self.out = rest
         self._note("a nested if is selected with torch.where too")
 
