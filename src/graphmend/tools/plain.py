@@ -98,9 +98,11 @@ class Steps:
         return Steps(self.base, self.ints or ints, self.floats or floats, self.raises | raises)
 
     def dtypes_from(self, dtypes: frozenset[str]) -> frozenset[str]:
-        """What the chain's result can be when its base can be any of ``dtypes``."""
+        """What the chain's result can be when its base can be any of ``dtypes``
+        (a kind it may raise on is kept: ``raises`` is read against the base, and
+        a step after a promotion may not raise on it)."""
         out = set()
-        for kind in dtypes - self.raises:
+        for kind in dtypes:
             if kind in (BOOL, INT) and self.floats:
                 out.add(FLOAT)
             elif kind == BOOL and self.ints:
@@ -530,9 +532,12 @@ def _value_origin(node: ast.expr, levels: Levels, model: Any, params: frozenset[
 
 def _floating_layer(model: Any, attr: str) -> bool:
     """Every module of the live model named ``attr`` is exactly one of the floating
-    layers, with its own forward and no hooks."""
+    layers, with its own forward and no hooks (its own or global ones)."""
     if not isinstance(model, torch.nn.Module):
         return False
+    hooks = torch.nn.modules.module
+    if getattr(hooks, "_global_forward_hooks", None) or getattr(hooks, "_global_forward_pre_hooks", None):
+        return False  # a hook on every module may return anything
     found = [m._modules[attr] for m in model.modules() if attr in m._modules]
     return bool(found) and all(
         type(m) in _FLOATING_LAYERS and "forward" not in vars(m) and not m._forward_hooks and not m._forward_pre_hooks
