@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from graphmend.rules import Decline
 from graphmend.tools.layout import Layout
-from graphmend.tools.spelling import quote_of
 
 _BODY_FIELDS = ("body", "orelse", "finalbody")
 
@@ -52,26 +51,29 @@ def blocks(node: ast.AST) -> list[list[ast.stmt]]:
 
 
 def diff_body(
-    a: list[ast.stmt], b: list[ast.stmt], lines: list[str], edits: list[Edit], unit: str, comments: dict[int, str],
+    a: list[ast.stmt], b: list[ast.stmt], lines: list[str], edits: list[Edit], layout: Layout, comments: dict[int, str],
     elif_block: bool = False,
 ) -> None:
+    """Append to ``edits`` what turns ``a`` (the original statements in ``lines``)
+    into ``b``; new statements are written by ``layout`` (one per file and
+    function: its lines, indentation step and quote are read once)."""
     matcher = difflib.SequenceMatcher(None, [_key(s) for s in a], [_key(s) for s in b], autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
         if tag == "replace" and i2 - i1 == j2 - j1 and all(_descendable(a[i], b[j1 + i - i1]) for i in range(i1, i2)):
             for i in range(i1, i2):
-                _descend(a[i], b[j1 + i - i1], lines, edits, unit, comments)
+                _descend(a[i], b[j1 + i - i1], lines, edits, layout, comments)
             continue
         if elif_block:
             raise Coarse("an elif clause changed")
         if tag == "insert":
             anchor = a[i1] if i1 < len(a) else a[-1]
             at = _start(anchor) if i1 < len(a) else anchor.end_lineno + 1
-            edits.append(Edit(at, at - 1, Layout(lines, unit, quote_of("".join(lines))).render(b[j1:j2], _indent_of(lines, anchor), _newline(lines, anchor))))
+            edits.append(Edit(at, at - 1, layout.render(b[j1:j2], _indent_of(lines, anchor), _newline(lines, anchor))))
             continue
         for old, new in _per_statement(a[i1:i2], b[j1:j2]):
-            edits.append(_replacement(old, new, lines, unit, comments))
+            edits.append(_replacement(old, new, lines, layout, comments))
 
 
 def _per_statement(a: list[ast.stmt], b: list[ast.stmt]) -> list[tuple[list[ast.stmt], list[ast.stmt]]]:
@@ -86,13 +88,13 @@ def _per_statement(a: list[ast.stmt], b: list[ast.stmt]) -> list[tuple[list[ast.
     return [(a[i : i + 1], [s for s, o in zip(b, owner) if o == i]) for i in range(len(a))]
 
 
-def _replacement(a: list[ast.stmt], b: list[ast.stmt], lines: list[str], unit: str, comments: dict[int, str]) -> Edit:
+def _replacement(a: list[ast.stmt], b: list[ast.stmt], lines: list[str], layout: Layout, comments: dict[int, str]) -> Edit:
     first, last = a[0], a[-1]
     start, end = _start(first), last.end_lineno or last.lineno
     check_alone(lines, first, last)
     indent = _indent_of(lines, first)
     newline = _newline(lines, first)
-    written = Layout(lines, unit, quote_of("".join(lines))).render(b, indent, newline)
+    written = layout.render(b, indent, newline)
     kept = [comments[n] for n in range(start, end + 1) if n in comments and not any(comments[n] in w for w in written)]
     if start == end and len(written) == 1 and kept:  # one line for one: its comment stays at its end
         code = lines[start - 1].rstrip("\r\n")
@@ -108,14 +110,14 @@ def _descendable(x: ast.stmt, y: ast.stmt) -> bool:
     return all(bool(p) == bool(q) for p, q in zip(blocks(x), blocks(y)))
 
 
-def _descend(x: ast.stmt, y: ast.stmt, lines: list[str], edits: list[Edit], unit: str, comments: dict[int, str]) -> None:
+def _descend(x: ast.stmt, y: ast.stmt, lines: list[str], edits: list[Edit], layout: Layout, comments: dict[int, str]) -> None:
     for p, q in zip(blocks(x), blocks(y)):
         elif_block = (
             isinstance(x, ast.If) and p is x.orelse and len(p) == 1 and isinstance(p[0], ast.If)
             and lines[p[0].lineno - 1].lstrip().startswith("elif")
         )
         if p:
-            diff_body(p, q, lines, edits, unit, comments, elif_block=elif_block)
+            diff_body(p, q, lines, edits, layout, comments, elif_block=elif_block)
 
 
 def _start(node: ast.stmt) -> int:
@@ -161,10 +163,6 @@ def check_disjoint(edits: list[Edit]) -> None:
 # --------------------------------------------------------------------------
 # the file around the functions
 
-
-def split_lines(text: str) -> list[str]:
-    """Lines with their own endings (\\n, \\r\\n or \\r), as Python counts them."""
-    return io.StringIO(text, newline="").readlines()
 
 
 def comments_of(text: str) -> dict[int, str]:

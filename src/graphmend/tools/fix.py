@@ -64,16 +64,18 @@ from graphmend.tools.edits import (
     comments_of,
     diff_body,
     indent_unit,
-    split_lines,
 )
+from graphmend.tools.layout import Layout
 from graphmend.tools.plain import Plain, plain_selects
 from graphmend.tools.spelling import (
     add_import,
     alias_for,
     normalised,
+    quote_of,
     renumber_sites,
     runtime_calls,
     spelled,
+    split_lines,
     uses,
 )
 
@@ -242,6 +244,7 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None, 
         raise Decline(f"the file does not decode or parse now: {exc}") from None
     lines = split_lines(text)
     comments = comments_of(text)
+    quote = quote_of(text)
     alias = alias_for(tree)
     edits: list[Edit] = []
     functions: list[str] = []
@@ -260,7 +263,7 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None, 
             raise Decline(f"{original.name}: the rewrite changed the def line itself")
         unit = indent_unit(lines, original)
         try:
-            diff_body(original.body, new.body, lines, edits, unit, comments)
+            diff_body(original.body, new.body, lines, edits, Layout(lines, unit, quote), comments)
         except Coarse as exc:
             raise Decline(f"{original.name}: {exc}") from None
         functions.append(getattr(patch.original_code, "co_qualname", original.name))

@@ -111,7 +111,7 @@ def add_import(text: str, tree: ast.Module, alias: str) -> str:
     while index < len(body) and isinstance(body[index], (ast.Import, ast.ImportFrom)):
         after = body[index]
         index += 1
-    lines = _lines(text)
+    lines = split_lines(text)
     if after is None and index == 0:
         at = 0
     else:
@@ -152,7 +152,7 @@ def site_calls(tree: ast.AST, alias: str) -> list[ast.Call]:
 def renumber_sites(text: str, alias: str) -> str:
     """Log records and warnings of a written site report the line the call now stands on."""
     tree = ast.parse(text)
-    lines = _lines(text)
+    lines = split_lines(text)
     fixes: dict[int, list[tuple[int, int, str]]] = {}
     for call in site_calls(tree, alias):
         const = call.args[0].elts[1]  # type: ignore[attr-defined]
@@ -199,14 +199,15 @@ def requote(lines: list[str], quote: str) -> list[str]:
             and '"' not in inner and "'" not in inner and "\\" not in inner and "{" not in inner
         ):
             spans.append((tok.start, tok.end, prefix + '"' + inner + '"'))
-    out = _lines(text)
+    out = split_lines(text)
     for (row, start), (_, end), value in reversed(spans):
         line = out[row - 1]
         out[row - 1] = line[:start] + value + line[end:]
     return out
 
 
-def _lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
+    """Lines with their own endings (\\n, \\r\\n or \\r), as Python counts them."""
     return io.StringIO(text, newline="").readlines()
 
 
