@@ -683,11 +683,13 @@ GOLDEN = [
             return y
         """,
         # The nested if's only check is its test: one condition, not a BoolOp of one
-        # (which does not compile: the site was declined as an internal error).
+        # (which does not compile: the site was declined as an internal error). The
+        # nested mean runs where eager might not: x must be floating (an integer
+        # x * 2 would raise in it), which the test's x.sum() > 0 does not prove.
         rewritten="""
         def f(x):
             _gm_c0 = x.sum() > 0
-            if __graphmend_rt__.predicable(_gm_c0):
+            if __graphmend_rt__.predicable(_gm_c0) and __graphmend_rt__.is_kind(x, 'floating'):
                 _gm_t0 = x * 2
                 _gm_c1 = _gm_t0.mean() > 1
                 _gm_t1 = _gm_t0
@@ -727,7 +729,7 @@ GOLDEN = [
         rewritten="""
         def f(x):
             _gm_c0 = x.sum() > 0
-            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.is_kind(x, 'integer', 'floating'):
                 _gm_t0 = x * 2
                 _gm_f0 = x - 1
                 if __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
@@ -779,7 +781,7 @@ GOLDEN = [
         rewritten="""
         def f(h):
             _gm_c0 = torch.isinf(h).any()
-            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.is_kind(h, 'bool', 'integer', 'floating'):
                 _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
                 _gm_t0 = torch.clamp(_gm_g0, -100.0, 100.0)
                 if __graphmend_rt__.same_meta(_gm_t0, h):
@@ -803,7 +805,7 @@ GOLDEN = [
         def f(h):
             if h.dtype == torch.float16:
                 _gm_c0 = torch.isinf(h).any()
-                if __graphmend_rt__.predicable_with_grad(_gm_c0):
+                if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.is_kind(h, 'bool', 'integer', 'floating'):
                     _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
                     _gm_t0 = torch.clamp(_gm_g0, -100.0, 100.0)
                     if __graphmend_rt__.same_meta(_gm_t0, h):
@@ -848,7 +850,7 @@ GOLDEN = [
         rewritten="""
         def f(h: torch.Tensor):
             _gm_c0 = torch.logical_not((h > 0).all())
-            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.is_kind(h, 'integer', 'floating'):
                 _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
                 _gm_t0 = _gm_g0.abs()
                 if __graphmend_rt__.same_meta(_gm_t0, h):
@@ -878,7 +880,7 @@ GOLDEN = [
         def forward(self, x):
             m = x.mean(0)
             _gm_c0 = m.sum() > 0
-            if __graphmend_rt__.predicable(_gm_c0):
+            if __graphmend_rt__.predicable(_gm_c0) and __graphmend_rt__.broadcastable(m, self.running):
                 _gm_t0 = self.running * 0.9 + m * 0.1
                 if __graphmend_rt__.same_meta(_gm_t0, self.running):
                     __graphmend_rt__.store(self, 'running', torch.where(_gm_c0, _gm_t0, self.running))
@@ -945,7 +947,7 @@ GOLDEN = [
         def f(x):
             _gm_c0 = x.sum() > 0
             _gm_c1 = x.sum() < -1
-            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1) and __graphmend_rt__.is_kind(x, 'integer', 'floating'):
                 _gm_t0 = x * 2
                 _gm_e0 = x
                 _gm_f0 = x - 1
@@ -978,7 +980,31 @@ GOLDEN = [
                 y = x - 1
             return y
         """,
-        declined="the elif test `z.max() > 0`: `.max(...)` raises on an empty tensor, which the path not taken may hold",
+        rewritten="""
+        def f(x, z):
+            _gm_ok0 = __graphmend_rt__.nonempty(z) and __graphmend_rt__.is_kind(z, 'bool', 'integer', 'floating')
+            _gm_c0 = x.sum() > 0
+            _gm_c1 = z.max() > 0 if _gm_ok0 else None
+            if _gm_ok0 and __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1) and __graphmend_rt__.is_kind(x, 'integer', 'floating'):
+                _gm_t0 = x * 2
+                _gm_e0 = x
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_e0) and __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, __graphmend_rt__.select(_gm_c1, _gm_e0, _gm_f0))
+                elif _gm_c0:
+                    y = _gm_t0
+                elif _gm_c1:
+                    y = _gm_e0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x * 2
+            elif z.max() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
     ),
     golden.case(
         "elif-test-with-a-static-operand-that-may-guard",
@@ -1008,9 +1034,10 @@ GOLDEN = [
         """,
         rewritten="""
         def f(x):
+            _gm_ok0 = __graphmend_rt__.is_kind(x, 'floating')
             _gm_c0 = x.sum() > 0
-            _gm_c1 = __graphmend_rt__.tensor_or(x.dim() > 2, x.mean() > 0)
-            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1):
+            _gm_c1 = __graphmend_rt__.tensor_or(x.dim() > 2, x.mean() > 0) if _gm_ok0 else None
+            if _gm_ok0 and __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1) and __graphmend_rt__.is_kind(x, 'integer', 'floating'):
                 _gm_t0 = x * 2
                 _gm_e0 = x
                 _gm_f0 = x - 1
@@ -1225,7 +1252,7 @@ GOLDEN = [
         rewritten="""
         def f(h):
             _gm_c0 = h.amax() > 1.5
-            if __graphmend_rt__.predicable_with_grad(_gm_c0):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.is_kind(h, 'integer', 'floating'):
                 _gm_g0 = __graphmend_rt__.grad_gate(_gm_c0, h)
                 _gm_t0 = _gm_g0.abs().amax()
                 _gm_f0 = h.sum()
@@ -1263,7 +1290,20 @@ GOLDEN = [
                 x = x * 2
             return x
         """,
-        declined='the test: `.max(...)` raises on an empty tensor, which the path not taken may hold',
+        rewritten="""
+        def f(x):
+            _gm_ok0 = __graphmend_rt__.nonempty(x)
+            _gm_c0 = __graphmend_rt__.tensor_and((x > 0).any(), x.max() > 2) if _gm_ok0 else None
+            if _gm_ok0 and __graphmend_rt__.predicable_with_grad(_gm_c0):
+                _gm_t0 = x * 2
+                if __graphmend_rt__.same_meta(_gm_t0, x):
+                    x = __graphmend_rt__.select(_gm_c0, _gm_t0, x)
+                elif _gm_c0:
+                    x = _gm_t0
+            elif (x > 0).any() and x.max() > 2:
+                x = x * 2
+            return x
+        """,
     ),
     golden.case(
         "static-operand-of-or-stays-a-python-if-with-the-branch-as-written",
@@ -1384,7 +1424,7 @@ GOLDEN = [
         rewritten="""
         def forward(self, h):
             _gm_c0 = h.sum() > 0
-            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.grad_free(self.w):
+            if __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.grad_free(self.w) and __graphmend_rt__.broadcastable(h, self.w):
                 _gm_t0 = h + self.w
                 if __graphmend_rt__.same_meta(_gm_t0, h):
                     h = __graphmend_rt__.select(_gm_c0, _gm_t0, h)

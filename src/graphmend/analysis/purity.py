@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import ast
 import builtins
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
 
+from graphmend.analysis.dtypes import dtype_blockers
 from graphmend.analysis.effects import MUTATING_METHODS
 from graphmend.analysis.facts import (
     PURE_BUILTINS,
@@ -44,7 +44,9 @@ from graphmend.analysis.facts import (
     is_tensor_expr,
     is_torch_attr,
 )
-from graphmend.analysis.source import bound_names, is_runtime_call
+from graphmend.analysis.shapes import shape_blockers
+from graphmend.analysis.source import always_evaluated, bound_names, is_runtime_call
+from graphmend.analysis.speculated import Emptiness
 
 # Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
 STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
@@ -92,45 +94,17 @@ def is_layer(module: Any, names: frozenset[str]) -> bool:
 # an expression on the path not taken
 
 
-@dataclass
-class Emptiness:
-    """What a reduction on the path not taken may meet: ``nonempty``, names
-    whose tensors hold an element there (``nonempty_names`` of a test evaluated
-    before, not bound since); ``guardable``, names a guard evaluated before the
-    speculated code can test (``runtime.nonempty``, ``runtime.has_dims``);
-    ``needed``, the names of ``guardable`` the expressions reduce, to guard;
-    ``dims``, how many dimensions they index (``x.shape[1]``: 2), to guard."""
-
-    nonempty: frozenset[str] = frozenset()
-    guardable: frozenset[str] = frozenset()
-    needed: set[str] = field(default_factory=set)
-    dims: dict[str, int] = field(default_factory=dict)
-
-    def allows(self, name: str | None) -> bool:
-        if name in self.nonempty:
-            return True
-        if name is not None and name in self.guardable:
-            self.needed.add(name)
-            return True
-        return False
-
-    def allows_dims(self, name: str, count: int) -> bool:
-        """Whether ``name``'s tensor may be indexed as if it had ``count`` dimensions (guarded)."""
-        if name not in self.guardable:
-            return False
-        self.dims[name] = max(self.dims.get(name, 0), count)
-        return True
-
-
 def speculation_blockers(
     node: ast.AST, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None
 ) -> list[str]:
     """Reasons evaluating ``node`` speculatively could raise or have an effect.
     A reduction that raises on an empty tensor is one unless ``empty`` allows
-    its tensor (known non-empty, or guarded)."""
+    its tensor (known non-empty, or guarded); an operation that raises on a
+    dtype is one unless the dtype is proven or guarded (``dtype_blockers``)."""
     reasons: list[str] = []
-    _spec(node, facts, bound, reasons, empty or Emptiness())
-    return reasons
+    empty = empty or Emptiness()
+    _spec(node, facts, bound, reasons, empty)
+    return reasons or dtype_blockers(node, facts, empty) or shape_blockers(node, facts, empty)
 
 
 def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], empty: Emptiness) -> None:
@@ -320,16 +294,7 @@ def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:
     parts always evaluated count (the first operand of and/or, not an ``if``
     expression's branches)."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.BoolOp):
-            visit(node.values[0])
-            return
-        if isinstance(node, ast.IfExp):
-            visit(node.test)
-            return
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return
+    for node in always_evaluated(test):
         if isinstance(node, ast.Call) and not node.keywords:
             fn = is_torch_attr(node.func, facts)
             if fn is not None and fn in RAISE_ON_EMPTY and len(node.args) == 1:
@@ -341,10 +306,6 @@ def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:
             name = same_numel_name(receiver) if receiver is not None else None
             if name is not None:
                 found.add(name)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(test)
     return frozenset(found)
 
 

@@ -14,6 +14,7 @@ import sys
 import types
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,20 @@ RUNTIME_NAME = "__graphmend_rt__"
 
 EFFECTS = ("print_", "log", "warn")  # the runtime functions that record a deferred effect
 STORES = ("store", "register_buffer")  # runtime functions that set a module attribute (or copy into its buffer)
+
+
+def always_evaluated(node: ast.AST) -> Iterator[ast.AST]:
+    """The parts of ``node`` evaluated whenever it is, children first: the first
+    operand of and/or, an ``if`` expression's test; not a lambda's or a
+    comprehension's body."""
+    if isinstance(node, ast.BoolOp):
+        yield from always_evaluated(node.values[0])
+    elif isinstance(node, ast.IfExp):
+        yield from always_evaluated(node.test)
+    elif not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        for child in ast.iter_child_nodes(node):
+            yield from always_evaluated(child)
+        yield node
 
 
 def is_runtime_call(node: ast.AST, *names: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import copy
 
+from graphmend.analysis.dtypes import KINDS
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
 from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.rules import Decline, RewriteContext
@@ -104,12 +105,28 @@ def add_guards(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) ->
     """Append to ``guards`` ``runtime.nonempty(name)`` for each tensor the
     speculated code reduces only when it holds an element (``empty.needed``),
     and ``runtime.has_dims(name, n)`` for each it indexes the shape of
-    (``empty.dims``): an empty tensor, or one with fewer dimensions, takes the
-    original statement instead."""
+    (``empty.dims``), and ``runtime.is_kind(name, ...)`` for each whose dtype
+    an operation needs confined (``empty.kinds``: ``h - 1`` raises on bool): an
+    empty tensor, one with fewer dimensions or of another dtype kind takes the
+    original statement instead; likewise ``runtime.broadcastable(a, b)`` /
+    ``broadcasts_to(mask, h)`` for shapes the speculated code combines
+    (``empty.broadcasts``)."""
     found = [ast.Call(func=ctx.runtime("nonempty"), args=[ast.Name(id=n, ctx=ast.Load())], keywords=[]) for n in sorted(empty.needed)]
     found += [
         ast.Call(func=ctx.runtime("has_dims"), args=[ast.Name(id=n, ctx=ast.Load()), ast.Constant(count)], keywords=[])
         for n, count in sorted(empty.dims.items())
+    ]
+    found += [
+        ast.Call(
+            func=ctx.runtime("is_kind"),
+            args=[ast.parse(key, mode="eval").body, *(ast.Constant(k) for k in KINDS if k in kinds)],
+            keywords=[],
+        )
+        for key, kinds in sorted(empty.kinds.items())
+    ]
+    found += [
+        ast.Call(func=ctx.runtime(check), args=[ast.parse(k, mode="eval").body for k in (a, b) if k], keywords=[])
+        for check, a, b in sorted(empty.broadcasts)
     ]
     for guard in found:
         if not any(ast.dump(g) == ast.dump(guard) for g in guards):

@@ -98,6 +98,14 @@ def has_nested_if(block: list[ast.stmt], ctx: RewriteContext) -> bool:
     )
 
 
+def _one_of(values: list[str]) -> ast.expr:
+    """What a merged temporary holds, for the dtype and shape facts: one of ``values``."""
+    out = select.ref(values[-1])
+    for value in reversed(values[:-1]):
+        out = ast.IfExp(test=ast.Constant(True), body=select.ref(value), orelse=out)
+    return out
+
+
 def _is_debug_block(node: ast.stmt) -> bool:
     """``if __debug__: ...`` around a check [Trap] rewrote from an ``assert``."""
     return (
@@ -106,6 +114,16 @@ def _is_debug_block(node: ast.stmt) -> bool:
         and node.test.id == "__debug__"
         and any(select.trapped_check(n) is not None for n in node.body)
     )
+
+
+@dataclass
+class Dtypes:
+    """What the speculation knows of dtypes at a point of a branch (analysis/dtypes.py)."""
+
+    proven: dict[str, frozenset[str]]
+    rebound: frozenset[str]
+    renamed: dict[str, str]
+    aliases: dict[str, ast.expr]
 
 
 @dataclass
@@ -124,6 +142,9 @@ class Speculation:
     guards: list[ast.expr] | None = None
     nonempty: frozenset[str] = frozenset()
     inplace: set[str] | None = None
+    proven: dict[str, frozenset[str]] = field(default_factory=dict)  # dtype kinds the test proves
+    # What each temporary holds, in names bound before the if and earlier temporaries.
+    values: dict[str, ast.expr] = field(default_factory=dict)
     nested: int = 0  # nested ifs met
     # Deferred effects and checks, gated by when their branch runs, in order: the caller
     # places them after every check that can fall back to the original statements
@@ -195,6 +216,7 @@ class Speculation:
             if root is not None:
                 self.roots[temp] = root
             self.out.append(assign_to(store_name(temp), value))
+            self.values[temp] = Substitute(dict(env)).visit(copy.deepcopy(computed))  # not gated: the same dtype
             env[key] = temp
             known.add(key)
         return env
@@ -203,7 +225,10 @@ class Speculation:
         self, computed: ast.expr, env: dict[str, str], known: set[str], gates: dict[str, str] | None, what: str
     ) -> ast.expr:
         """``computed`` as evaluated on every call: proven safe, on the branch's values so far."""
-        empty = self._emptiness(env) if self.guards is not None else Emptiness(self.nonempty - set(env))
+        empty = (
+            self._emptiness(env) if self.guards is not None
+            else Emptiness(self.nonempty - set(env), **vars(self.dtypes(env)))
+        )
         for reason in speculation_blockers(computed, self.facts, known | set(env), empty):
             raise Decline(f"{what}: {reason}")
         if self.guards is not None:
@@ -214,7 +239,15 @@ class Speculation:
         """What the branch's values so far may be guarded by: a name bound before the
         if and not assigned since, or assigned a value of as many elements."""
         same = {key for key, temp in env.items() if self.roots.get(temp) == key}
-        return Emptiness((self.nonempty - set(env)) | (self.nonempty & same), (frozenset(self.bound) - set(env)) | same)
+        return Emptiness(
+            (self.nonempty - set(env)) | (self.nonempty & same),
+            (frozenset(self.bound) - set(env)) | same,
+            **vars(self.dtypes(env)),
+        )
+
+    def dtypes(self, env: dict[str, str]) -> "Dtypes":
+        """What is known of dtypes after the branch's assignments in ``env``."""
+        return Dtypes(self.proven, frozenset(), dict(env), self.values)
 
     def _effect(self, node: ast.stmt, effect: ast.expr, env: dict[str, str], known: set[str], taken: ast.expr) -> None:
         empty = self._emptiness(env)
@@ -273,6 +306,7 @@ class Speculation:
             checks += [ast.Call(func=ctx.runtime("same_meta"), args=[copy.deepcopy(refs[0]), copy.deepcopy(r)], keywords=[]) for r in refs[1:]]
             temp = ctx.fresh(side)
             merged.append(assign_to(store_name(temp), select.selected(conds, refs, ctx, grad=False)))
+            self.values[temp] = _one_of(values)
             env[target] = temp
             known.add(target)
         rest: list[ast.stmt] = [*merged]
@@ -292,12 +326,21 @@ class Speculation:
         sides: list[list[ast.stmt]] = []
         envs = []
         outer = self.out
-        for block in (node.body, node.orelse):
+        # A guard a side needs holds only where that side runs: `h + self.bias` under
+        # `self.bias is not None` (the test is read before the if when no name it reads changed).
+        conditional = self.guards is not None and not any(isinstance(n, ast.Name) and n.id in env for n in ast.walk(node.test))
+        for index, block in enumerate((node.body, node.orelse)):
             if not all(isinstance(n, ast.Assign) for n in as_written(block, self.ctx)):
                 raise Decline(f"the static nested if on `{code}` holds a statement other than an assignment")
             self.out = []
+            before = len(self.guards) if self.guards is not None else 0
             envs.append(self.branch(block, side, None, env=dict(env), last=False))  # effects decline (no `taken`)
             sides.append(self.out)
+            if conditional and len(self.guards) > before:  # type: ignore[arg-type]
+                needed = self.guards[before:]  # type: ignore[index]
+                both = needed[0] if len(needed) == 1 else ast.BoolOp(op=ast.And(), values=needed)
+                taken, other = (both, ast.Constant(True)) if index == 0 else (ast.Constant(True), both)
+                self.guards[before:] = [ast.IfExp(test=copy.deepcopy(node.test), body=taken, orelse=other)]  # type: ignore[index]
         self.out = outer
         for target in dict.fromkeys(t for e in envs for t in e):
             values = [e.get(target, env.get(target, target if target in known or target.startswith("self.") else "")) for e in envs]
@@ -307,6 +350,7 @@ class Speculation:
             temp = self.ctx.fresh(side)
             for out, value in zip(sides, values):
                 out.append(assign_to(store_name(temp), select.ref(value)))
+            self.values[temp] = _one_of(values)
             env[target] = temp
             known.add(target)
         self.out.append(ast.If(test=test, body=sides[0] or [ast.Pass()], orelse=sides[1]))

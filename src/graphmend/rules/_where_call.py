@@ -83,7 +83,12 @@ class TrailingCallForm:
                 plain_f.append(copy.deepcopy(b))
                 continue
             for value in (a, b):
-                empty = Emptiness(self._nonempty(stmt, facts) - set(written), frozenset(bound) - set(written))
+                empty = Emptiness(
+                    self._nonempty(stmt, facts) - set(written),
+                    frozenset(bound) - set(written),
+                    proven=self._proven(stmt, facts),
+                    rebound=frozenset(written),
+                )
                 for reason in speculation_blockers(value, facts, known, empty):
                     raise Decline(f"`{ast.unparse(value)}`: {reason}")
                 add_guards(empty, ctx, guards)

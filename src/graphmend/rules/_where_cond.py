@@ -10,6 +10,7 @@ import copy
 
 from graphmend.analysis.facts import FunctionFacts, live_after, updated_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
+from graphmend.analysis.shapes import shape_blockers
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
     Substitute,
@@ -79,6 +80,10 @@ class CondForm:
                     guard = self._pure_callee(call, facts, ctx)
                     if guard is not None:
                         guards.append(guard)
+                empty = Emptiness(nonempty - assigned, frozenset(bound) - assigned, rebound=frozenset(assigned))
+                for reason in shape_blockers(node.value, facts, empty):  # type: ignore[attr-defined]
+                    raise Decline(f"torch.cond traces the branch not taken on the shapes of the call: {reason}")
+                add_guards(empty, ctx, guards)
                 known.add(node.targets[0].id)  # type: ignore[attr-defined]
                 assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
         store = _attribute_store_before(stmt, ctx)

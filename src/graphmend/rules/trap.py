@@ -76,6 +76,7 @@ import ast
 import builtins
 import copy
 
+from graphmend.analysis.dtypes import tested_kinds
 from graphmend.analysis.facts import FunctionFacts, bound_before
 from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
 from graphmend.analysis.source import inside_try
@@ -121,13 +122,16 @@ class Trap(Rule):
         test = _ItemTests(ctx).visit(test)
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, negate = test.operand, not negate  # `not` is applied to the flag below
+        pre: list[ast.expr] = []  # guards the lowered test needs, checked before it is evaluated
         if has_boolops(test):  # lowering evaluates every operand, not just the first
-            for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}, Emptiness(nonempty_names(test, facts))):
+            empty = Emptiness(nonempty_names(test, facts), frozenset(bound), proven=tested_kinds(test, facts))
+            for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}, empty):
                 raise Decline(f"the test: {reason}")
+            add_guards(empty, ctx, pre)
         tested = lower(test, facts, ctx)
         deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
         # The message now runs on every call; `torch._assert(test, msg)` evaluated it on every call already.
-        empty = Emptiness(nonempty_names(test, facts), frozenset(bound))
+        empty = Emptiness(nonempty_names(test, facts), frozenset(bound), proven=tested_kinds(test, facts))
         for arg in deferred_args if not isinstance(stmt, ast.Expr) else []:
             for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
@@ -156,13 +160,16 @@ class Trap(Rule):
         check: ast.expr = ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
         if guards:
             check = ast.BoolOp(op=ast.And(), values=[check, *guards])
-        out: list[ast.stmt] = [
+        original = self._original_on(stmt, name, negate) if not needs_runtime(test, facts) and not pre else copy.deepcopy(stmt)
+        out: list[ast.stmt] = []
+        if pre:  # where they fail, the test is not evaluated (None) and the check runs as written
+            ok = ctx.fresh("ok")
+            out.append(ast.Assign(targets=[ast.Name(id=ok, ctx=ast.Store())], value=pre[0] if len(pre) == 1 else ast.BoolOp(op=ast.And(), values=pre)))
+            tested = ast.IfExp(test=ast.Name(id=ok, ctx=ast.Load()), body=tested, orelse=ast.Constant(None))
+            check = ast.BoolOp(op=ast.And(), values=[ast.Name(id=ok, ctx=ast.Load()), check])
+        out += [
             ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=tested),
-            ast.If(
-                test=check,
-                body=[ast.Expr(value=trap_call)],
-                orelse=[self._original_on(stmt, name, negate) if not needs_runtime(test, facts) else copy.deepcopy(stmt)],
-            ),
+            ast.If(test=check, body=[ast.Expr(value=trap_call)], orelse=[original]),
         ]
         if is_assert:  # under -O: nothing, or for torch._assert its arguments evaluated, as the original
             orelse = [copy.deepcopy(stmt)] if isinstance(stmt, ast.Expr) else []

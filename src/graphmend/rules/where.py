@@ -121,6 +121,7 @@ from __future__ import annotations
 import ast
 import copy
 
+from graphmend.analysis.dtypes import both_proven, tested_kinds
 from graphmend.analysis.facts import (
     FunctionFacts,
     bound_before,
@@ -185,9 +186,12 @@ class Where(CondForm, TrailingCallForm, Rule):
             return self._chain(stmt, arms, facts, ctx)
         static, tensor_test = self._split_test(stmt.test, facts)
         bound = bound_before(ctx.fdef, stmt)
+        pre: list[ast.expr] = []  # guards the lowered test needs, checked before it is evaluated
         if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
-            for reason in speculation_blockers(tensor_test, facts, bound, Emptiness(nonempty_names(tensor_test, facts))):
+            empty = Emptiness(nonempty_names(tensor_test, facts), frozenset(bound), proven=tested_kinds(tensor_test, facts))
+            for reason in speculation_blockers(tensor_test, facts, bound, empty):
                 raise Decline(f"the test: {reason}")
+            add_guards(empty, ctx, pre)
         lowered = lower(tensor_test, facts, ctx)
         cond = ctx.fresh("c")
         original_test = load_name(cond) if lowered is tensor_test else copy.deepcopy(tensor_test)
@@ -195,19 +199,20 @@ class Where(CondForm, TrailingCallForm, Rule):
         completed = self._with_rest([stmt.body, stmt.orelse], stmt, ctx)
         two_way = [(cond, stmt.body), (None, stmt.orelse)] if completed is None else [(cond, completed[0]), (None, completed[1])]
         nonempty = nonempty_names(tensor_test, facts)
+        proven = tested_kinds(tensor_test, facts)
 
         guards: list[ast.expr] = []
         if completed is not None:
-            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty)
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
             ctx.notes.append("early return predicated with torch.where: the rest of the function computed too")
         elif all(select.returns_a_value(block) for _, block in two_way):
-            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty)
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
             predicated, grad = self._trailing_call(stmt, cond, facts, bound, ctx, guards), None
         else:
             try:
-                predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, nonempty)
+                predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
             except Decline as where_reason:
                 calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
                 if not calls:
@@ -216,7 +221,7 @@ class Where(CondForm, TrailingCallForm, Rule):
                     predicated, grad = self._cond(stmt, cond, facts, bound, ctx, guards), None
                 except Decline as cond_reason:
                     raise Decline(f"torch.where: {where_reason.reason}; torch.cond: {cond_reason.reason}") from None
-        guarded = self._guarded([(cond, lowered)], guards, grad, predicated, fallback, ctx)
+        guarded = self._guarded([(cond, lowered)], guards, grad, predicated, fallback, ctx, pre, {cond} if pre else set())
         if static is not None and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or):
             ctx.notes.append(f"static test `{ast.unparse(static)}` kept as a Python if, its branch as written")
             out: list[ast.stmt] = [ast.If(test=static, body=copy.deepcopy(stmt.body), orelse=guarded)]
@@ -235,7 +240,10 @@ class Where(CondForm, TrailingCallForm, Rule):
         bound = bound_before(ctx.fdef, stmt)
         tests: list[tuple[str, ast.expr]] = []
         named: list[Arm] = []
+        pre: list[ast.expr] = []  # guards the tests evaluated up front need
+        speculated: set[str] = set()
         nonempty: frozenset[str] = frozenset()
+        proven: dict[str, frozenset[str]] = {}
         for index, (test, body) in enumerate(arms):
             if test is None:
                 named.append((None, body))
@@ -244,24 +252,35 @@ class Where(CondForm, TrailingCallForm, Rule):
             # A static operand (`h.dim() > 2 or ...`) is evaluated up front with the rest: the
             # runtime's tensor_and / tensor_or decide it while tracing (_predicate.lower).
             if index > 0 or has_boolops(test):  # evaluated where the original might not have
-                empty = Emptiness(nonempty_names(test, facts) if index == 0 else nonempty)
+                empty = Emptiness(
+                    nonempty_names(test, facts) if index == 0 else nonempty,
+                    frozenset(bound),
+                    proven=tested_kinds(test, facts) if index == 0 else proven,
+                )
                 for reason in speculation_blockers(test, facts, bound, empty):
                     raise Decline(f"{where}: {reason}")
+                add_guards(empty, ctx, pre)
             nonempty = nonempty | nonempty_names(test, facts)
+            proven = both_proven(proven, tested_kinds(test, facts))
             cond = ctx.fresh("c")
+            if index > 0 or has_boolops(test):
+                speculated.add(cond)
             tests.append((cond, lower(test, facts, ctx)))
             named.append((cond, body))
         guards: list[ast.expr] = []
         completed = self._with_rest([body for _, body in named], stmt, ctx)
         if completed is not None or all(select.returns_a_value(body) for _, body in named):
             blocks = completed or [body for _, body in named]
-            predicated, grad = self._returns(stmt, [(c, b) for (c, _), b in zip(named, blocks)], facts, bound, ctx, guards, nonempty)
+            predicated, grad = self._returns(
+                stmt, [(c, b) for (c, _), b in zip(named, blocks)], facts, bound, ctx, guards, nonempty, proven
+            )
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
-            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty)
-        as_written = {cond: test for (cond, lowered), (test, _) in zip(tests, arms) if lowered is not test}
+            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty, proven)
+        speculated = speculated if pre else set()  # evaluated only when the guards hold: as written in the original
+        as_written = {cond: test for (cond, lowered), (test, _) in zip(tests, arms) if lowered is not test or cond in speculated}
         fallback = select.original(named, as_written)  # a lowered test runs as written there
-        return select.placed(self._guarded(tests, guards, grad, predicated, fallback, ctx), stmt)
+        return select.placed(self._guarded(tests, guards, grad, predicated, fallback, ctx, pre, speculated), stmt)
 
     @staticmethod
     def _guarded(
@@ -271,11 +290,15 @@ class Where(CondForm, TrailingCallForm, Rule):
         predicated: list[ast.stmt],
         fallback: ast.stmt,
         ctx: RewriteContext,
+        pre: list[ast.expr],
+        speculated: set[str],
     ) -> list[ast.stmt]:
         """The tests bound to names, then the predicated code where every test is
         ``predicable`` and every guard holds, else the original. ``grad``: the form
         keeps eager's gradients once these roots are ``grad_free`` (None: it does not,
-        and autograd takes the original)."""
+        and autograd takes the original). ``pre``: guards the ``speculated`` tests
+        need, checked first (``ok``); where they fail those tests are not evaluated
+        (None) and the original runs them as written."""
         check = "predicable" if grad is None else "predicable_with_grad"
         checks: list[ast.expr] = [ast.Call(func=ctx.runtime(check), args=[load_name(c)], keywords=[]) for c, _ in tests]
         if grad:
@@ -288,14 +311,27 @@ class Where(CondForm, TrailingCallForm, Rule):
         checks += guards
         if grad is None:
             ctx.notes.append("under autograd the original branch runs")
+        before: list[ast.stmt] = []
+        if pre:
+            ok = ctx.fresh("ok")
+            before.append(assign_to(store_name(ok), pre[0] if len(pre) == 1 else ast.BoolOp(op=ast.And(), values=pre)))
+            checks.insert(0, load_name(ok))
+            tests = [
+                (c, ast.IfExp(test=load_name(ok), body=t, orelse=ast.Constant(None)) if c in speculated else t) for c, t in tests
+            ]
         check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
         fill_fallback(predicated, fallback)  # a nested if's check that fails: the original statement
         return [
+            *before,
             *(assign_to(store_name(cond), lowered) for cond, lowered in tests),
             ast.If(test=check, body=predicated, orelse=[fallback]),
         ]
 
     # -- the test ----------------------------------------------------------------
+
+    def _proven(self, stmt: ast.If, facts: FunctionFacts) -> dict[str, frozenset[str]]:
+        """The dtype kinds the tensor part of the test proves before a branch runs."""
+        return tested_kinds(self._split_test(stmt.test, facts)[1], facts)
 
     def _nonempty(self, stmt: ast.If, facts: FunctionFacts) -> frozenset[str]:
         """The names the tensor part of the test proves non-empty before a branch runs."""
@@ -340,13 +376,21 @@ class Where(CondForm, TrailingCallForm, Rule):
         return [block if done else [*block, *rest] for block, done in zip(blocks, returning)]
 
     def _returns(
-        self, stmt: ast.If, arms: list[Arm], facts: FunctionFacts, bound: set[str], ctx: RewriteContext, guards: list[ast.expr], nonempty: frozenset[str]
+        self,
+        stmt: ast.If,
+        arms: list[Arm],
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr],
+        nonempty: frozenset[str],
+        proven: dict[str, frozenset[str]],
     ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch (assignments to names, then ``return v``) into temporaries, the
         selected value returned; with the roots ``grad_free`` must clear for autograd."""
         values = []
         body: list[ast.stmt] = []
-        spec = Speculation(facts, bound, ctx, body, guards, nonempty)
+        spec = Speculation(facts, bound, ctx, body, guards, nonempty, proven=proven)
         is_function = select.functions(facts, ctx)
         conds = [cond for cond, _ in arms if cond is not None]
         grad = not any(has_nested_if(block, ctx) for _, block in arms)  # gates know assignments only
@@ -363,7 +407,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
             env = spec.branch(setup, stem, when, gates)
-            empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env))
+            empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env), **vars(spec.dtypes(env)))
             for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
             add_guards(empty, ctx, guards)
@@ -400,6 +444,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         ctx: RewriteContext,
         guards: list[ast.expr],
         nonempty: frozenset[str],
+        proven: dict[str, frozenset[str]],
     ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch's assignments into temporaries, each target selected; with the
         roots ``grad_free`` must clear for autograd (None: autograd takes the original)."""
@@ -407,7 +452,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         conds = [cond for cond, _ in arms if cond is not None]
         is_function = select.functions(facts, ctx)
         inplace: set[str] = set()
-        spec = Speculation(facts, bound, ctx, body, guards, nonempty, inplace)
+        spec = Speculation(facts, bound, ctx, body, guards, nonempty, inplace, proven=proven)
         # A store to self.<attr> or an in-place update under autograd would keep a graph
         # in the module, or bump a saved tensor's version: autograd takes the original
         # (and for a nested if, whose assignments the gates do not see).

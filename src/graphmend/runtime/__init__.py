@@ -52,6 +52,10 @@ original's does; strict export, where the original's effect is a graph break
 that fails the export too, stops with one ``ExportError`` naming the site.
 ``barrier`` breaks no graph there.
 
+**Guards.** Code evaluated where the original did not (a branch not taken)
+runs only where ``nonempty``, ``has_dims``, ``broadcastable``, ``is_kind``...
+hold, decided while tracing; elsewhere the original statement runs.
+
 **Sites.** Each call carries ``site = (module_name, line, function)`` of the
 original statement, so that a replayed warning or log record reports the
 original file, line and function.
@@ -171,15 +175,9 @@ def print_(site: Site, args: tuple, kwargs: dict, when: Any = None) -> None:
 
 
 LEVELS = {  # a logger method's level (the [Defer] rule reads it too)
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "info_once": logging.INFO,
-    "warning": logging.WARNING,
-    "warn": logging.WARNING,
-    "warning_once": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-    "fatal": logging.CRITICAL,
+    "debug": logging.DEBUG, "info": logging.INFO, "info_once": logging.INFO,
+    "warning": logging.WARNING, "warn": logging.WARNING, "warning_once": logging.WARNING,
+    "error": logging.ERROR, "critical": logging.CRITICAL, "fatal": logging.CRITICAL,
 }
 
 
@@ -220,12 +218,7 @@ def predicable(cond: Any) -> bool:
     With grad enabled the original branch runs: ``where`` would give zero
     instead of ``None`` gradients to the branch not taken, and NaN gradients
     when that branch has a non-finite derivative."""
-    return (
-        isinstance(cond, torch.Tensor)
-        and cond.dtype == torch.bool
-        and cond.dim() == 0
-        and not torch.is_grad_enabled()
-    )
+    return predicable_with_grad(cond) and not torch.is_grad_enabled()
 
 
 def predicable_with_grad(cond: Any) -> bool:
@@ -404,21 +397,58 @@ def held(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------
-# [Trap]: a validation check becomes a flag; the exception is raised when the
-# region closes, in the place its record holds in the effect order.
+# Guards of code evaluated where the original did not (a branch not taken, a message,
+# a later operand of and/or), decided while tracing: analysis/purity, dtypes, shapes.
 
 
 def nonempty(t: Any) -> bool:
     """A tensor holding an element: a reduction with no identity element
-    (``amax``, ``max``) the mended code evaluates where the original did not
-    cannot raise on it. Decided while tracing (a size of 0 is never dynamic)."""
+    (``amax``, ``max``) cannot raise on it (a size of 0 is never dynamic)."""
     return isinstance(t, torch.Tensor) and t.numel() > 0
 
 
 def has_dims(t: Any, count: int) -> bool:
-    """A tensor of at least ``count`` dimensions: ``t.shape[count - 1]`` the mended
-    code evaluates where the original did not cannot raise. Decided while tracing."""
+    """A tensor of at least ``count`` dimensions: ``t.shape[count - 1]``, ``t.sum(count - 1)``."""
     return isinstance(t, torch.Tensor) and t.dim() >= count
+
+
+def broadcastable(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` combine elementwise (``a + b``) without raising."""
+    return _fits(a, b, mutual=True)
+
+
+def broadcasts_to(mask: Any, t: Any) -> bool:
+    """``mask`` broadcasts to ``t``'s own shape (``t.masked_fill(mask, v)``)."""
+    return _fits(mask, t, mutual=False)
+
+
+def _fits(a: Any, b: Any, mutual: bool) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return is_scalar(a) or (mutual and is_scalar(b))
+    pairs = zip(reversed(a.shape), reversed(b.shape))
+    return (mutual or a.dim() <= b.dim()) and all(x == y or x == 1 or (mutual and y == 1) for x, y in pairs)
+
+
+def is_scalar(value: Any) -> bool:
+    """A number or a 0-dim tensor: it broadcasts with a tensor of any shape."""
+    return type(value) in (bool, int, float, complex) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+
+
+_KINDS = {torch.bool: "bool", **dict.fromkeys([torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64], "integer"),
+          **dict.fromkeys([torch.float16, torch.bfloat16, torch.float32, torch.float64], "floating"),
+          **dict.fromkeys([torch.complex64, torch.complex128], "complex"), bool: "bool", int: "integer",
+          float: "floating", complex: "complex"}  # float8, uint16...: none (not measured)
+
+
+def is_kind(t: Any, *kinds: str) -> bool:
+    """A tensor or number of a dtype of one of ``kinds`` ("bool", "integer",
+    "floating", "complex"): ``h - 1`` raises on bool (a dtype is never dynamic)."""
+    return _KINDS.get(t.dtype if isinstance(t, torch.Tensor) else type(t), "") in kinds
+
+
+# --------------------------------------------------------------------------
+# [Trap]: a validation check becomes a flag; the exception is raised when the
+# region closes, in the place its record holds in the effect order.
 
 
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}  # significand bits
@@ -563,7 +593,8 @@ __all__ = [
     "API_VERSION", "RERUNS", "ExportError", "LEVELS", "barrier", "bind", "held", "on_device", "predicable",
     "register_buffer", "same_meta", "store", "torch", "active", "flush", "fmt", "fstr", "lazy", "log", "pct",
     "print_", "region", "exclusive", "register_log_site", "Mispredicted", "call", "speculate", "equal",
-    "tensor_and", "tensor_or", "tensor_not", "gate", "trap", "trappable", "nonempty", "warn", "grad_free",
-    "grad_gate", "has_dims", "predicable_with_grad", "select", "item_of",
+    "tensor_and", "tensor_or", "tensor_not", "gate", "trap", "trappable", "nonempty", "is_kind", "broadcastable",
+    "broadcasts_to", "is_scalar", "warn", "grad_free", "grad_gate", "has_dims", "predicable_with_grad", "select",
+    "item_of",
 ]
 skip_frames()

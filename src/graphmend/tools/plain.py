@@ -49,10 +49,10 @@ from typing import Any
 
 import torch
 
-from graphmend.analysis.source import RUNTIME_NAME
+from graphmend.analysis.dtypes import ANY, BOOL, COMPLEX, FLOAT, INT, RAISES
+from graphmend.analysis.source import RUNTIME_NAME, is_runtime_call
 
-BOOL, INT, FLOAT, COMPLEX = "bool", "integer", "floating", "complex"
-ANY_DTYPE = frozenset({BOOL, INT, FLOAT, COMPLEX})
+ANY_DTYPE = ANY
 _REAL_OR_COMPLEX = frozenset({FLOAT, COMPLEX})
 
 # Layers whose output is floating or complex whatever their input (an integer
@@ -66,17 +66,7 @@ _FLOATING_LAYERS = tuple(
 _CASTS = {"float": FLOAT, "double": FLOAT, "half": FLOAT, "bfloat16": FLOAT}
 
 # Elementwise methods with no argument or number arguments: the dtypes they raise on.
-_METHODS: dict[str, frozenset[str]] = {
-    "relu": frozenset({BOOL, COMPLEX}),
-    "abs": frozenset({BOOL}),
-    "neg": frozenset({BOOL}),
-    "clamp": frozenset({COMPLEX}),
-    "clip": frozenset({COMPLEX}),
-    "clamp_min": frozenset({COMPLEX}),
-    "clamp_max": frozenset({COMPLEX}),
-    "sigmoid": frozenset(),
-    "tanh": frozenset(),
-}
+_METHODS: dict[str, frozenset[str]] = {m: RAISES[m] for m in "relu abs neg clamp clip clamp_min clamp_max sigmoid tanh".split()}
 _TO_FLOAT = {"sigmoid", "tanh"}  # an integer or bool tensor comes out floating
 _REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "norm", "prod"})
 _TESTS = frozenset({"any", "all"})
@@ -198,6 +188,8 @@ def _guarded(body: list[ast.stmt], index: int) -> _Select | None:
         and len(check.args) == 1 and isinstance(check.args[0], ast.Name) and check.args[0].id == cond
     ):
         return None
+    # A dtype guard (runtime.is_kind) checks what _proof proves of every value from the source.
+    checks = [c for c in checks if not is_runtime_call(c, "is_kind")]
     name = check.func.attr if len(checks) == 1 else ast.unparse(ast.BoolOp(op=ast.And(), values=checks[1:]))
     if not (len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If)):
         return None
