@@ -78,7 +78,11 @@ a branch would lose a later ``self.count += 1``).
   raise on an empty tensor; ``torch.cond`` traces the branch not taken on the
   call's shapes too) of a tensor bound inside the branch. Of a tensor bound
   before the ``if`` it is guarded instead (``runtime.nonempty``: an empty one
-  takes the original branch), unless the test reduced it whole already;
+  takes the original branch), unless the test reduced it whole already; an
+  operation that raises on the tensor's dtype or shape (``h - 1`` on bool,
+  ``h.view(2, 2)``, ``h + b`` that does not broadcast) unless the test proves
+  it cannot, or a guard decided while tracing checks it (``runtime.is_kind``,
+  ``has_dims``, ``broadcastable``: ``analysis/dtypes.py``, ``shapes.py``);
 - ``torch.cond`` when an attribute store (``x.a = ...``, ``+=``, ``setattr``)
   may run before it in the compiled frame: earlier in the function (anywhere
   in it inside a loop) or in the ``forward`` of one of the model's own module
