@@ -454,11 +454,6 @@ def _fill_raises(value: ast.expr, receiver: ast.expr, facts: FunctionFacts) -> f
     return _I | _F if abs(number) > _HALF_MAX else frozenset()
 
 
-def both_proven(first: dict[str, frozenset[str]], second: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
-    """What two evaluated tests prove together."""
-    return {**first, **second, **{k: first[k] & second[k] for k in first.keys() & second.keys()}}
-
-
 def _narrow(reader: _Kinds, operand: ast.expr, forbidden: frozenset[str], known: dict[str, frozenset[str]]) -> bool:
     """Whether ``operand`` cannot have a ``forbidden`` kind, once one root is
     narrowed to the kinds that make it so (recorded in ``known``)."""

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from graphmend.analysis.dtypes import dtype_blockers
+from graphmend.analysis.dtypes import dtype_blockers, tested_kinds
 from graphmend.analysis.effects import MUTATING_METHODS
 from graphmend.analysis.facts import (
     PURE_BUILTINS,
@@ -46,7 +46,7 @@ from graphmend.analysis.facts import (
 )
 from graphmend.analysis.shapes import shape_blockers
 from graphmend.analysis.source import always_evaluated, bound_names, is_runtime_call
-from graphmend.analysis.speculated import Emptiness
+from graphmend.analysis.speculated import Emptiness, Tested
 
 # Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
 STATEFUL_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "open", "input"})
@@ -285,6 +285,12 @@ def same_numel_name(node: ast.expr) -> str | None:
 def _is_number(node: ast.expr) -> bool:
     """A constant (``2``, ``-1.5``, ``None``)."""
     return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
+
+
+def tested(test: ast.expr, facts: FunctionFacts) -> Tested:
+    """What evaluating ``test`` without raising proves: ``nonempty_names`` and
+    ``dtypes.tested_kinds``."""
+    return Tested(nonempty_names(test, facts), tested_kinds(test, facts))
 
 
 def nonempty_names(test: ast.expr, facts: FunctionFacts) -> frozenset[str]:

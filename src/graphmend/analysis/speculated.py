@@ -1,5 +1,6 @@
 """What code evaluated where the original did not (speculated code) may
-assume, and the guards it needs: one ``Emptiness`` per expression checked,
+assume, and the guards it needs: what the tests before it proved
+(``Tested``), and one ``Emptiness`` per expression checked,
 filled by ``purity._spec`` (empty tensors, indexed dimensions),
 ``dtypes.dtype_blockers`` and ``shapes.shape_blockers``, and turned into
 runtime guards by ``rules/_predicate.add_guards``."""
@@ -53,3 +54,18 @@ class Emptiness:
             return False
         self.dims[name] = max(self.dims.get(name, 0), count)
         return True
+
+
+@dataclass(frozen=True)
+class Tested:
+    """What the tests evaluated before a branch runs prove of the names they
+    read: ``nonempty``, their tensors hold an element; ``kinds``, the dtype
+    kinds they can have (``purity.tested``)."""
+
+    nonempty: frozenset[str] = frozenset()
+    kinds: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def and_(self, other: "Tested") -> "Tested":
+        """What both prove (both tests ran)."""
+        kinds = {**self.kinds, **other.kinds, **{k: self.kinds[k] & other.kinds[k] for k in self.kinds.keys() & other.kinds.keys()}}
+        return Tested(self.nonempty | other.nonempty, kinds)

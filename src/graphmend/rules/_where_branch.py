@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from graphmend.analysis.facts import FunctionFacts
 from graphmend.analysis.purity import Emptiness, same_numel_name, speculation_blockers
+from graphmend.analysis.speculated import Tested
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
@@ -140,9 +141,8 @@ class Speculation:
     ctx: RewriteContext
     out: list[ast.stmt]
     guards: list[ast.expr] | None = None
-    nonempty: frozenset[str] = frozenset()
+    tested: Tested = field(default_factory=Tested)  # what the test proves (non-empty tensors, dtype kinds)
     inplace: set[str] | None = None
-    proven: dict[str, frozenset[str]] = field(default_factory=dict)  # dtype kinds the test proves
     # What each temporary holds, in names bound before the if and earlier temporaries.
     values: dict[str, ast.expr] = field(default_factory=dict)
     nested: int = 0  # nested ifs met
@@ -227,7 +227,7 @@ class Speculation:
         """``computed`` as evaluated on every call: proven safe, on the branch's values so far."""
         empty = (
             self._emptiness(env) if self.guards is not None
-            else Emptiness(self.nonempty - set(env), **vars(self.dtypes(env)))
+            else Emptiness(self.tested.nonempty - set(env), **vars(self.dtypes(env)))
         )
         for reason in speculation_blockers(computed, self.facts, known | set(env), empty):
             raise Decline(f"{what}: {reason}")
@@ -240,14 +240,14 @@ class Speculation:
         if and not assigned since, or assigned a value of as many elements."""
         same = {key for key, temp in env.items() if self.roots.get(temp) == key}
         return Emptiness(
-            (self.nonempty - set(env)) | (self.nonempty & same),
+            (self.tested.nonempty - set(env)) | (self.tested.nonempty & same),
             (frozenset(self.bound) - set(env)) | same,
             **vars(self.dtypes(env)),
         )
 
     def dtypes(self, env: dict[str, str]) -> "Dtypes":
         """What is known of dtypes after the branch's assignments in ``env``."""
-        return Dtypes(self.proven, frozenset(), dict(env), self.values)
+        return Dtypes(self.tested.kinds, frozenset(), dict(env), self.values)
 
     def _effect(self, node: ast.stmt, effect: ast.expr, env: dict[str, str], known: set[str], taken: ast.expr) -> None:
         empty = self._emptiness(env)

@@ -83,11 +83,9 @@ class TrailingCallForm:
                 plain_f.append(copy.deepcopy(b))
                 continue
             for value in (a, b):
+                proof = self._tested(stmt, facts)
                 empty = Emptiness(
-                    self._nonempty(stmt, facts) - set(written),
-                    frozenset(bound) - set(written),
-                    proven=self._proven(stmt, facts),
-                    rebound=frozenset(written),
+                    proof.nonempty - set(written), frozenset(bound) - set(written), proven=proof.kinds, rebound=frozenset(written)
                 )
                 for reason in speculation_blockers(value, facts, known, empty):
                     raise Decline(f"`{ast.unparse(value)}`: {reason}")

@@ -61,7 +61,7 @@ class CondForm:
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")
-        nonempty = self._nonempty(stmt, facts)
+        nonempty = self._tested(stmt, facts).nonempty
         for block in (stmt.body, stmt.orelse):
             known = set(bound)
             assigned: set[str] = set()  # in this branch so far: no longer what the test reduced

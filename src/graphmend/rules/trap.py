@@ -76,9 +76,9 @@ import ast
 import builtins
 import copy
 
-from graphmend.analysis.dtypes import tested_kinds
 from graphmend.analysis.facts import FunctionFacts, bound_before
-from graphmend.analysis.purity import Emptiness, nonempty_names, speculation_blockers
+from graphmend.analysis.purity import Emptiness, speculation_blockers
+from graphmend.analysis.purity import tested as proven_by
 from graphmend.analysis.source import inside_try
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules._live import own_attrs
@@ -124,14 +124,16 @@ class Trap(Rule):
             test, negate = test.operand, not negate  # `not` is applied to the flag below
         pre: list[ast.expr] = []  # guards the lowered test needs, checked before it is evaluated
         if has_boolops(test):  # lowering evaluates every operand, not just the first
-            empty = Emptiness(nonempty_names(test, facts), frozenset(bound), proven=tested_kinds(test, facts))
+            proof = proven_by(test, facts)
+            empty = Emptiness(proof.nonempty, frozenset(bound), proven=proof.kinds)
             for reason in speculation_blockers(test, facts, bound | {"__graphmend_rt__"}, empty):
                 raise Decline(f"the test: {reason}")
             add_guards(empty, ctx, pre)
         tested = lower(test, facts, ctx)
         deferred_args = [Defer()._defer_format(copy.deepcopy(a), ctx) for a in args]
         # The message now runs on every call; `torch._assert(test, msg)` evaluated it on every call already.
-        empty = Emptiness(nonempty_names(test, facts), frozenset(bound), proven=tested_kinds(test, facts))
+        proof = proven_by(test, facts)
+        empty = Emptiness(proof.nonempty, frozenset(bound), proven=proof.kinds)
         for arg in deferred_args if not isinstance(stmt, ast.Expr) else []:
             for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")

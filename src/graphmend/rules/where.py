@@ -125,7 +125,6 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.dtypes import both_proven, tested_kinds
 from graphmend.analysis.facts import (
     FunctionFacts,
     bound_before,
@@ -141,10 +140,11 @@ from graphmend.analysis.gradients import (
 )
 from graphmend.analysis.purity import (
     Emptiness,
-    nonempty_names,
     speculation_blockers,
     stores,
+    tested,
 )
+from graphmend.analysis.speculated import Tested
 from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
@@ -192,7 +192,8 @@ class Where(CondForm, TrailingCallForm, Rule):
         bound = bound_before(ctx.fdef, stmt)
         pre: list[ast.expr] = []  # guards the lowered test needs, checked before it is evaluated
         if has_boolops(tensor_test):  # lowering evaluates every operand, not just the first
-            empty = Emptiness(nonempty_names(tensor_test, facts), frozenset(bound), proven=tested_kinds(tensor_test, facts))
+            proof = tested(tensor_test, facts)
+            empty = Emptiness(proof.nonempty, frozenset(bound), proven=proof.kinds)
             for reason in speculation_blockers(tensor_test, facts, bound, empty):
                 raise Decline(f"the test: {reason}")
             add_guards(empty, ctx, pre)
@@ -202,21 +203,20 @@ class Where(CondForm, TrailingCallForm, Rule):
         fallback = ast.If(test=original_test, body=copy.deepcopy(stmt.body), orelse=copy.deepcopy(stmt.orelse))
         completed = self._with_rest([stmt.body, stmt.orelse], stmt, ctx)
         two_way = [(cond, stmt.body), (None, stmt.orelse)] if completed is None else [(cond, completed[0]), (None, completed[1])]
-        nonempty = nonempty_names(tensor_test, facts)
-        proven = tested_kinds(tensor_test, facts)
+        proof = tested(tensor_test, facts)
 
         guards: list[ast.expr] = []
         if completed is not None:
-            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, proof)
             ctx.notes.append("early return predicated with torch.where: the rest of the function computed too")
         elif all(select.returns_a_value(block) for _, block in two_way):
-            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
+            predicated, grad = self._returns(stmt, two_way, facts, bound, ctx, guards, proof)
             ctx.notes.append("if/else returns predicated with torch.where")
         elif self._is_trailing_call_form(stmt):
             predicated, grad = self._trailing_call(stmt, cond, facts, bound, ctx, guards), None
         else:
             try:
-                predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, nonempty, proven)
+                predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, proof)
             except Decline as where_reason:
                 calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
                 if not calls:
@@ -246,8 +246,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         named: list[Arm] = []
         pre: list[ast.expr] = []  # guards the tests evaluated up front need
         speculated: set[str] = set()
-        nonempty: frozenset[str] = frozenset()
-        proven: dict[str, frozenset[str]] = {}
+        proof = Tested()  # what the tests so far prove
         for index, (test, body) in enumerate(arms):
             if test is None:
                 named.append((None, body))
@@ -256,16 +255,12 @@ class Where(CondForm, TrailingCallForm, Rule):
             # A static operand (`h.dim() > 2 or ...`) is evaluated up front with the rest: the
             # runtime's tensor_and / tensor_or decide it while tracing (_predicate.lower).
             if index > 0 or has_boolops(test):  # evaluated where the original might not have
-                empty = Emptiness(
-                    nonempty_names(test, facts) if index == 0 else nonempty,
-                    frozenset(bound),
-                    proven=tested_kinds(test, facts) if index == 0 else proven,
-                )
+                known = tested(test, facts) if index == 0 else proof
+                empty = Emptiness(known.nonempty, frozenset(bound), proven=known.kinds)
                 for reason in speculation_blockers(test, facts, bound, empty):
                     raise Decline(f"{where}: {reason}")
                 add_guards(empty, ctx, pre)
-            nonempty = nonempty | nonempty_names(test, facts)
-            proven = both_proven(proven, tested_kinds(test, facts))
+            proof = proof.and_(tested(test, facts))
             cond = ctx.fresh("c")
             if index > 0 or has_boolops(test):
                 speculated.add(cond)
@@ -276,11 +271,11 @@ class Where(CondForm, TrailingCallForm, Rule):
         if completed is not None or all(select.returns_a_value(body) for _, body in named):
             blocks = completed or [body for _, body in named]
             predicated, grad = self._returns(
-                stmt, [(c, b) for (c, _), b in zip(named, blocks)], facts, bound, ctx, guards, nonempty, proven
+                stmt, [(c, b) for (c, _), b in zip(named, blocks)], facts, bound, ctx, guards, proof
             )
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
-            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, nonempty, proven)
+            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, proof)
         speculated = speculated if pre else set()  # evaluated only when the guards hold: as written in the original
         as_written = {cond: test for (cond, lowered), (test, _) in zip(tests, arms) if lowered is not test or cond in speculated}
         fallback = select.original(named, as_written)  # a lowered test runs as written there
@@ -333,13 +328,9 @@ class Where(CondForm, TrailingCallForm, Rule):
 
     # -- the test ----------------------------------------------------------------
 
-    def _proven(self, stmt: ast.If, facts: FunctionFacts) -> dict[str, frozenset[str]]:
-        """The dtype kinds the tensor part of the test proves before a branch runs."""
-        return tested_kinds(self._split_test(stmt.test, facts)[1], facts)
-
-    def _nonempty(self, stmt: ast.If, facts: FunctionFacts) -> frozenset[str]:
-        """The names the tensor part of the test proves non-empty before a branch runs."""
-        return nonempty_names(self._split_test(stmt.test, facts)[1], facts)
+    def _tested(self, stmt: ast.If, facts: FunctionFacts) -> Tested:
+        """What the tensor part of the test proves before a branch runs."""
+        return tested(self._split_test(stmt.test, facts)[1], facts)
 
     def _split_test(self, test: ast.expr, facts: FunctionFacts) -> tuple[ast.expr | None, ast.expr]:
         """(static operand or None, tensor part) of ``s and t`` or ``s or t``: the
@@ -387,14 +378,13 @@ class Where(CondForm, TrailingCallForm, Rule):
         bound: set[str],
         ctx: RewriteContext,
         guards: list[ast.expr],
-        nonempty: frozenset[str],
-        proven: dict[str, frozenset[str]],
+        proof: Tested,
     ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch (assignments to names, then ``return v``) into temporaries, the
         selected value returned; with the roots ``grad_free`` must clear for autograd."""
         values = []
         body: list[ast.stmt] = []
-        spec = Speculation(facts, bound, ctx, body, guards, nonempty, proven=proven)
+        spec = Speculation(facts, bound, ctx, body, guards, proof)
         is_function = select.functions(facts, ctx)
         conds = [cond for cond, _ in arms if cond is not None]
         grad = not any(has_nested_if(block, ctx) for _, block in arms)  # gates know assignments only
@@ -411,7 +401,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
             env = spec.branch(setup, stem, when, gates)
-            empty = Emptiness(nonempty - set(env), frozenset(bound) - set(env), **vars(spec.dtypes(env)))
+            empty = Emptiness(proof.nonempty - set(env), frozenset(bound) - set(env), **vars(spec.dtypes(env)))
             for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
             add_guards(empty, ctx, guards)
@@ -447,8 +437,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         bound: set[str],
         ctx: RewriteContext,
         guards: list[ast.expr],
-        nonempty: frozenset[str],
-        proven: dict[str, frozenset[str]],
+        proof: Tested,
     ) -> tuple[list[ast.stmt], list[str] | None]:
         """Each branch's assignments into temporaries, each target selected; with the
         roots ``grad_free`` must clear for autograd (None: autograd takes the original)."""
@@ -456,7 +445,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         conds = [cond for cond, _ in arms if cond is not None]
         is_function = select.functions(facts, ctx)
         inplace: set[str] = set()
-        spec = Speculation(facts, bound, ctx, body, guards, nonempty, inplace, proven=proven)
+        spec = Speculation(facts, bound, ctx, body, guards, proof, inplace)
         # A store to self.<attr> or an in-place update under autograd would keep a graph
         # in the module, or bump a saved tensor's version: autograd takes the original
         # (and for a nested if, whose assignments the gates do not see).
