@@ -122,7 +122,6 @@ class Dtypes:
     """What the speculation knows of dtypes at a point of a branch (analysis/dtypes.py)."""
 
     proven: dict[str, frozenset[str]]
-    rebound: frozenset[str]
     renamed: dict[str, str]
     aliases: dict[str, ast.expr]
 
@@ -247,7 +246,7 @@ class Speculation:
 
     def dtypes(self, env: dict[str, str]) -> "Dtypes":
         """What is known of dtypes after the branch's assignments in ``env``."""
-        return Dtypes(self.tested.kinds, frozenset(), dict(env), self.values)
+        return Dtypes(self.tested.kinds, dict(env), self.values)
 
     def _effect(self, node: ast.stmt, effect: ast.expr, env: dict[str, str], known: set[str], taken: ast.expr) -> None:
         empty = self._emptiness(env)
