@@ -19,6 +19,11 @@ def assign_to(target: ast.expr, value: ast.expr) -> ast.Assign:
     return ast.Assign(targets=[target], value=value, lineno=0)
 
 
+def all_of(values: list[ast.expr]) -> ast.expr:
+    """``a and b and ...``; one value alone (a BoolOp of one does not compile)."""
+    return values[0] if len(values) == 1 else ast.BoolOp(op=ast.And(), values=values)
+
+
 def is_self_attr(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
 

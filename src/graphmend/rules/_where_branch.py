@@ -36,6 +36,7 @@ from graphmend.rules import Decline, RewriteContext
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
     Substitute,
+    all_of,
     assign_to,
     is_self_attr,
     load_name,
@@ -309,7 +310,7 @@ class Speculation:
             env[target] = temp
             known.add(target)
         rest: list[ast.stmt] = [*merged]
-        check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)  # a BoolOp of one does not compile
+        check = all_of(checks)  # a BoolOp of one does not compile
         self.out.append(ast.If(test=check, body=rest, orelse=[fallback_marker()]))
         self.out = rest
         self._note("a nested if is selected with torch.where too")
@@ -337,7 +338,7 @@ class Speculation:
             sides.append(self.out)
             if conditional and len(self.guards) > before:  # type: ignore[arg-type]
                 needed = self.guards[before:]  # type: ignore[index]
-                both = needed[0] if len(needed) == 1 else ast.BoolOp(op=ast.And(), values=needed)
+                both = all_of(needed)
                 taken, other = (both, ast.Constant(True)) if index == 0 else (ast.Constant(True), both)
                 self.guards[before:] = [ast.IfExp(test=copy.deepcopy(node.test), body=taken, orelse=other)]  # type: ignore[index]
         self.out = outer

@@ -15,7 +15,7 @@ from graphmend.analysis.purity import (
     speculation_blockers,
 )
 from graphmend.rules import Decline, RewriteContext
-from graphmend.rules._ast import assign_to, load_name, store_name
+from graphmend.rules._ast import all_of, assign_to, load_name, store_name
 from graphmend.rules._predicate import add_guards
 
 
@@ -119,7 +119,7 @@ class TrailingCallForm:
                 )
             return ast.Expr(value=ast.Call(func=func, args=args, keywords=kwargs))
 
-        guard = meta[0] if len(meta) == 1 else ast.BoolOp(op=ast.And(), values=meta)
+        guard = all_of(meta)
         body.append(
             ast.If(
                 test=guard,

@@ -81,6 +81,7 @@ from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.analysis.purity import tested as proven_by
 from graphmend.analysis.source import inside_try
 from graphmend.rules import Decline, RewriteContext, Rule, register
+from graphmend.rules._ast import all_of
 from graphmend.rules._live import own_attrs
 from graphmend.rules._predicate import (
     add_guards,
@@ -166,7 +167,7 @@ class Trap(Rule):
         out: list[ast.stmt] = []
         if pre:  # where they fail, the test is not evaluated (None) and the check runs as written
             ok = ctx.fresh("ok")
-            out.append(ast.Assign(targets=[ast.Name(id=ok, ctx=ast.Store())], value=pre[0] if len(pre) == 1 else ast.BoolOp(op=ast.And(), values=pre)))
+            out.append(ast.Assign(targets=[ast.Name(id=ok, ctx=ast.Store())], value=all_of(pre)))
             tested = ast.IfExp(test=ast.Name(id=ok, ctx=ast.Load()), body=tested, orelse=ast.Constant(None))
             check = ast.BoolOp(op=ast.And(), values=[ast.Name(id=ok, ctx=ast.Load()), check])
         out += [

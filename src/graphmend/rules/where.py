@@ -149,6 +149,7 @@ from graphmend.rules import Decline, RewriteContext, Rule, register
 from graphmend.rules import _where_select as select
 from graphmend.rules._ast import (
     Substitute,
+    all_of,
     assign_to,
     load_name,
     store_name,
@@ -313,12 +314,12 @@ class Where(CondForm, TrailingCallForm, Rule):
         before: list[ast.stmt] = []
         if pre:
             ok = ctx.fresh("ok")
-            before.append(assign_to(store_name(ok), pre[0] if len(pre) == 1 else ast.BoolOp(op=ast.And(), values=pre)))
+            before.append(assign_to(store_name(ok), all_of(pre)))
             checks.insert(0, load_name(ok))
             tests = [
                 (c, ast.IfExp(test=load_name(ok), body=t, orelse=ast.Constant(None)) if c in speculated else t) for c, t in tests
             ]
-        check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
+        check = all_of(checks)
         fill_fallback(predicated, fallback)  # a nested if's check that fails: the original statement
         return [
             *before,
@@ -417,7 +418,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         spec.out.extend(spec.pending)
         spec.out.append(
             ast.If(
-                test=same[0] if len(same) == 1 else ast.BoolOp(op=ast.And(), values=same),
+                test=all_of(same),
                 body=[ast.Return(value=select.selected(conds, [load_name(v) for v in values], ctx, grad=True))],
                 orelse=[ast.Return(value=chosen)],
             )
@@ -495,7 +496,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             for _, values in selects
             for v in values[1:]
         ]
-        guard = meta_checks[0] if len(meta_checks) == 1 else ast.BoolOp(op=ast.And(), values=meta_checks)
+        guard = all_of(meta_checks)
         predicated: list[ast.stmt] = []
         chosen: list[list[ast.stmt]] = [[] for _ in arms]
         for target, values in selects:
