@@ -470,6 +470,21 @@ def test_nested_ifs_and_effect_only_branches_are_one_graph_on_every_path(cls):
     assert dc and all(o.status == "applied" for o in dc), report.outcomes
 
 
+def _check_in_branch_mended(cls, inputs, expected):
+    """The [Where] site and the [Trap] check in its branch both applied; each input
+    as ``expected``; the graphs compiled so far after each call."""
+    backend = CountingBackend()
+    compiled = graphmend.compile(cls(), backend=backend, example_inputs=(P,))
+    assert [(o.category, o.status) for o in compiled.report.outcomes] == [("DC", "applied"), ("VG", "applied")]
+    counts = []
+    for x, eager in zip(inputs, expected):
+        got = run(compiled, x)
+        assert got.exception == eager.exception and got.effects() == eager.effects()
+        assert eager.exception is not None or bits_equal(got.output, eager.output)
+        counts.append(len(backend.graphs))
+    return counts
+
+
 def test_a_check_in_a_branch_whose_message_reduces_a_branch_value_is_guarded_and_exact():
     """`h.min()` of the branch's `h * 2` is evaluated on every call: an empty `h` (the
     branch not taken) is sent to the original by runtime.nonempty(h), which covers the
@@ -478,16 +493,25 @@ def test_a_check_in_a_branch_whose_message_reduces_a_branch_value_is_guarded_and
     inputs = [P, N, raising, torch.empty(0, 4), P]
     expected = [run(B.CheckOfBranchValue(), x) for x in inputs]
     assert expected[2].exception == ("ValueError", "bad values: -3.0")
-    backend = CountingBackend()
-    compiled = graphmend.compile(B.CheckOfBranchValue(), backend=backend, example_inputs=(P,))
-    assert [(o.category, o.status) for o in compiled.report.outcomes] == [("DC", "applied"), ("VG", "applied")]
-    counts = []
-    for x, eager in zip(inputs, expected):
-        got = run(compiled, x)
-        assert got.exception == eager.exception and got.effects() == eager.effects()
-        assert eager.exception is not None or bits_equal(got.output, eager.output)
-        counts.append(len(backend.graphs))
+    counts = _check_in_branch_mended(B.CheckOfBranchValue, inputs, expected)
     assert counts == [1, 1, 1, 3, 3]  # the empty input: the original statements, cut at the `if`
+
+
+def test_a_check_in_a_branch_whose_message_reads_a_branch_values_shape_is_guarded_and_exact():
+    """`str(h.shape[0])` of the branch's `h + 1.0` is evaluated on every call: a 0-dim
+    `h` (whose branch may be the other one) goes to the original by runtime.has_dims(h, 1)."""
+    nan = N.clone()
+    nan[0, 1] = float("nan")
+    inputs = [P, N, nan, torch.tensor(2.0), torch.tensor(-2.0), P]
+    expected = [run(B.CheckOfBranchShape(), x) for x in inputs]
+    assert expected[2].exception == ("AssertionError", "check failed at 2")
+    assert expected[3].exception is None  # the other branch: no message formatted
+    assert expected[4].exception == ("IndexError", "tuple index out of range")  # its own branch: eager's error
+    plain = run(torch.compile(B.CheckOfBranchShape(), backend=CountingBackend()), inputs[4]).exception
+    assert plain[0] == "IndexError" and plain[1].startswith("list index out of range\n\nfrom user code:")
+    expected[4].exception = plain  # Dynamo's own wording of it, as torch.compile of the original says
+    counts = _check_in_branch_mended(B.CheckOfBranchShape, inputs, expected)
+    assert counts[:3] == [1, 1, 1]  # both branches and the failing check: the one graph
 
 
 def test_a_name_one_branch_assigns_and_no_path_reads_later_is_a_temporary():

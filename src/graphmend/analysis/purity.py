@@ -159,8 +159,7 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
         return
     if isinstance(node, ast.Subscript):
         _spec(node.value, facts, bound, out, empty)
-        shape = _shape_index(node)
-        if not is_safe_index(node.slice) and not (shape and empty.allows_dims(*shape)):
+        if not is_safe_index(node.slice) and not _shape_index(node):  # x.shape[1]: shapes.py guards x's dims
             out.append("indexing can go out of range on the path not taken")
         return
     if isinstance(node, ast.Call):
@@ -214,19 +213,13 @@ def _one_element(node: ast.expr) -> bool:
     )
 
 
-def _shape_index(node: ast.Subscript) -> tuple[str, int] | None:
-    """``("x", 2)`` for ``x.shape[1]`` or ``x.shape[-2]``: the name and how many
-    dimensions its tensor needs for the index to be in range; else None."""
+def _shape_index(node: ast.Subscript) -> bool:
+    """Whether ``node`` is ``x.shape[1]`` or ``x.shape[-2]``: a constant index into a shape."""
     index = node.slice
-    sign = 1
     if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub):
-        index, sign = index.operand, -1
-    if not (isinstance(index, ast.Constant) and type(index.value) is int):
-        return None
-    value = node.value
-    if not (isinstance(value, ast.Attribute) and value.attr == "shape" and isinstance(value.value, ast.Name)):
-        return None
-    return value.value.id, (index.value + 1 if sign > 0 else index.value)
+        index = index.operand
+    shape = isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
+    return shape and isinstance(index, ast.Constant) and type(index.value) is int
 
 
 def _raises_on_empty(

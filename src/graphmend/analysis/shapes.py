@@ -138,8 +138,11 @@ class _Shapes:
 
     def _index(self, node: ast.Subscript) -> Form:
         value = node.value
-        if isinstance(value, ast.Attribute) and value.attr == "shape":
-            return SCALAR  # x.shape[i]: purity._spec guards the index
+        if isinstance(value, ast.Attribute) and value.attr == "shape":  # a size: x must have the dimension
+            index = _int(node.slice)
+            if index is not None:
+                self.dims(self.form(value.value), index + 1 if index >= 0 else -index, node)
+            return SCALAR
         form = self.form(value)
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         if any(isinstance(p, ast.Constant) and p.value is Ellipsis for p in parts):

@@ -18,7 +18,8 @@ class Emptiness:
     before, not bound since); ``guardable``, names a guard evaluated before the
     speculated code can test (``runtime.nonempty``, ``runtime.has_dims``);
     ``needed``, the names of ``guardable`` the expressions reduce, to guard;
-    ``dims``, how many dimensions they index (``x.shape[1]``: 2), to guard.
+    ``dims``, how many dimensions they index (``x.shape[1]``: 2), to guard
+    (``shapes.py`` fills it, and ``broadcasts``).
 
     Dtypes likewise (``analysis/dtypes.py``): ``proven``, the dtype kinds of
     names the test proves by evaluating without raising (``h.sum() > 0``: not
@@ -47,13 +48,6 @@ class Emptiness:
             self.needed.add(name)
             return True
         return False
-
-    def allows_dims(self, name: str, count: int) -> bool:
-        """Whether ``name``'s tensor may be indexed as if it had ``count`` dimensions (guarded)."""
-        if name not in self.guardable or name in self.renamed or name in self.rebound:
-            return False
-        self.dims[name] = max(self.dims.get(name, 0), count)
-        return True
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from graphmend.analysis.dtypes import KINDS
 from graphmend.analysis.facts import FunctionFacts, is_tensor_expr
 from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.rules import Decline, RewriteContext
+from graphmend.rules._ast import all_of, assign_to, load_name, store_name
 
 
 def is_not(node: ast.AST) -> bool:
@@ -131,6 +132,19 @@ def add_guards(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) ->
     for guard in found:
         if not any(ast.dump(g) == ast.dump(guard) for g in guards):
             guards.append(guard)
+
+
+def pre_guarded(ctx: RewriteContext, pre: list[ast.expr]) -> tuple[ast.stmt, str]:
+    """``_gm_ok = guard and ...``: the guards a speculated test needs (``add_guards``),
+    evaluated before it, and the name holding them; ``when_ok`` evaluates the test
+    only where they hold (else None, which no check accepts: the original runs it)."""
+    ok = ctx.fresh("ok")
+    return assign_to(store_name(ok), all_of(pre)), ok
+
+
+def when_ok(ok: str, test: ast.expr) -> ast.expr:
+    """``test if _gm_ok else None`` (``pre_guarded``)."""
+    return ast.IfExp(test=load_name(ok), body=test, orelse=ast.Constant(None))
 
 
 def deferred_blockers(node: ast.expr, facts: FunctionFacts, bound: set[str], empty: Emptiness | None = None) -> list[str]:

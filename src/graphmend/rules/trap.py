@@ -81,7 +81,6 @@ from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.analysis.purity import tested as proven_by
 from graphmend.analysis.source import inside_try
 from graphmend.rules import Decline, RewriteContext, Rule, register
-from graphmend.rules._ast import all_of
 from graphmend.rules._live import own_attrs
 from graphmend.rules._predicate import (
     add_guards,
@@ -90,6 +89,8 @@ from graphmend.rules._predicate import (
     item_test,
     lower,
     needs_runtime,
+    pre_guarded,
+    when_ok,
 )
 from graphmend.rules._state import StateScan
 from graphmend.rules.defer import Defer
@@ -166,9 +167,9 @@ class Trap(Rule):
         original = self._original_on(stmt, name, negate) if not needs_runtime(test, facts) and not pre else copy.deepcopy(stmt)
         out: list[ast.stmt] = []
         if pre:  # where they fail, the test is not evaluated (None) and the check runs as written
-            ok = ctx.fresh("ok")
-            out.append(ast.Assign(targets=[ast.Name(id=ok, ctx=ast.Store())], value=all_of(pre)))
-            tested = ast.IfExp(test=ast.Name(id=ok, ctx=ast.Load()), body=tested, orelse=ast.Constant(None))
+            assign, ok = pre_guarded(ctx, pre)
+            out.append(assign)
+            tested = when_ok(ok, tested)
             check = ast.BoolOp(op=ast.And(), values=[ast.Name(id=ok, ctx=ast.Load()), check])
         out += [
             ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=tested),

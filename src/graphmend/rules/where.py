@@ -159,6 +159,8 @@ from graphmend.rules._predicate import (
     has_boolops,
     is_static_test,
     lower,
+    pre_guarded,
+    when_ok,
 )
 from graphmend.rules._where_branch import Speculation, fill_fallback, has_nested_if
 from graphmend.rules._where_call import TrailingCallForm
@@ -313,12 +315,10 @@ class Where(CondForm, TrailingCallForm, Rule):
             ctx.notes.append("under autograd the original branch runs")
         before: list[ast.stmt] = []
         if pre:
-            ok = ctx.fresh("ok")
-            before.append(assign_to(store_name(ok), all_of(pre)))
+            assign, ok = pre_guarded(ctx, pre)
+            before.append(assign)
             checks.insert(0, load_name(ok))
-            tests = [
-                (c, ast.IfExp(test=load_name(ok), body=t, orelse=ast.Constant(None)) if c in speculated else t) for c, t in tests
-            ]
+            tests = [(c, when_ok(ok, t) if c in speculated else t) for c, t in tests]
         check = all_of(checks)
         fill_fallback(predicated, fallback)  # a nested if's check that fails: the original statement
         return [
