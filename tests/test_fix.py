@@ -370,7 +370,7 @@ def test_plain_torch_that_does_not_run_alone_falls_back_to_the_guarded_form(tmp_
         report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
     assert report.notes[0].startswith("plain torch did not run alone as the original: output: values differ")
     [change] = report.changes
-    assert "torch.where(" not in change.new and "gm.predicable_with_grad(_gm_c0)" in change.new
+    assert "torch.where(" not in change.new and "gm.predicable_with_grad(cond)" in change.new
     assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
 
 
@@ -425,18 +425,50 @@ def test_written_statements_keep_the_users_text_where_the_code_is_theirs(tmp_pat
             ),
             {},
         )
-        _gm_c0 = h.abs().amax() > 1e4
-        if gm.predicable_with_grad(_gm_c0):
-            _gm_t0 = h / 2.0
-            if gm.same_meta(_gm_t0, h):
-                h = gm.select(_gm_c0, _gm_t0, h)
-            elif _gm_c0:
-                h = _gm_t0
-        elif _gm_c0:
+        cond = h.abs().amax() > 1e4
+        if gm.predicable_with_grad(cond):
+            h_then = h / 2.0
+            if gm.same_meta(h_then, h):
+                h = gm.select(cond, h_then, h)
+            elif cond:
+                h = h_then
+        elif cond:
 """)
     assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
     [form] = change.forms
     assert (form.line, form.plain) == (14, False)
+
+
+def test_temporaries_get_names_a_person_would_pick_and_free_in_the_file():
+    from graphmend.tools.spelling import readable_temporaries
+
+    node = ast.parse(
+        "def f(h, cond):\n"
+        "    _gm_c0 = h.sum() > 0\n"
+        "    _gm_c1 = h.sum() < -1\n"
+        "    _gm_t0 = h * 2\n"
+        "    _gm_e0 = h - 1\n"
+        "    _gm_f0 = h + 1\n"
+        "    h = gm.select(_gm_c0, _gm_t0, gm.select(_gm_c1, _gm_e0, _gm_f0))\n"
+        "    _gm_ok0 = gm.nonempty(h)\n"
+        "    _gm_hit0 = h.nonzero()\n"
+        "    _gm_t1 = h.amax()\n"
+        "    return _gm_t1, _gm_ok0, _gm_hit0\n"
+    )
+    got = ast.unparse(readable_temporaries(node, {"h_then", "hit"}))
+    assert got == (
+        "def f(h, cond):\n"
+        "    cond_2 = h.sum() > 0\n"  # `cond` is the function's parameter
+        "    cond_3 = h.sum() < -1\n"
+        "    h_then_2 = h * 2\n"  # `h_then` is taken elsewhere in the file
+        "    h_elif = h - 1\n"
+        "    h_else = h + 1\n"
+        "    h = gm.select(cond_2, h_then_2, gm.select(cond_3, h_elif, h_else))\n"
+        "    guards_hold = gm.nonempty(h)\n"
+        "    hit_2 = h.nonzero()\n"
+        "    value_then = h.amax()\n"  # assigned to no name of the user's
+        "    return (value_then, guards_hold, hit_2)"
+    )
 
 
 def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
@@ -450,16 +482,16 @@ def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
     assert report.notes == [] and report.skipped == []
     [change] = report.changes
     new = change.new
-    for written in ("h = torch.where(h.sum() > 0, h * 2, h - 1)", "gm.predicable_with_grad(_gm_c0)",
+    for written in ("h = torch.where(h.sum() > 0, h * 2, h - 1)", "gm.predicable_with_grad(cond)",
                     'gm.print_((__name__, 46, "forward"), ("mean", h.mean()), {})',
                     'gm.log((__name__, 47, "forward"), logger, "warning", ("max %s", h.amax()), {})',
                     'gm.warn((__name__, 48, "forward"), ("applied",), {})',
-                    'gm.trap((__name__, 60, "forward"), _gm_c1, ValueError, ("inputs must stay within 1e4",))',
-                    'gm.trap((__name__, 67, "forward"), _gm_c0, AssertionError, ("a NaN in h",))',
-                    "_gm_c0 = gm.item_of(h.sum(), 0) > 0",
+                    'gm.trap((__name__, 60, "forward"), cond, ValueError, ("inputs must stay within 1e4",))',
+                    'gm.trap((__name__, 67, "forward"), cond_2, AssertionError, ("a NaN in h",))',
+                    "cond = gm.item_of(h.sum(), 0) > 0", "h_then = h * 2",
                     'wide = gm.speculate((__name__, 98, "forward"), (x > 2).any())'):
         assert written in new, written
-    assert "graphmend_target_" not in new and "__graphmend_rt__" not in new
+    assert "graphmend_target_" not in new and "__graphmend_rt__" not in new and "_gm_" not in new
     assert [(f.line, f.plain) for f in change.forms] == [(20, True), (29, False), (67, False)]
     assert change.forms[2].why == (
         "guarded: `item_of(h.sum(), 0) > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)")

@@ -70,8 +70,10 @@ from graphmend.tools.plain import Plain, plain_selects
 from graphmend.tools.spelling import (
     add_import,
     alias_for,
+    names_in,
     normalised,
     quote_of,
+    readable_temporaries,
     renumber_sites,
     runtime_calls,
     spelled,
@@ -246,6 +248,7 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None, 
     comments = comments_of(text)
     quote = quote_of(text)
     alias = alias_for(tree)
+    taken = names_in(tree)
     edits: list[Edit] = []
     functions: list[str] = []
     forms: list[Plain] = []
@@ -258,7 +261,7 @@ def file_change(path: str, patches: list[Any], root: str, *, model: Any = None, 
         if model is not None:
             node, found = plain_selects(node, patch.located.namespace, model)
             forms += found
-        new = spelled(node, alias, patch.located.namespace.get("__name__"))
+        new = readable_temporaries(spelled(node, alias, patch.located.namespace.get("__name__")), taken)
         if _signature(original) != _signature(new):
             raise Decline(f"{original.name}: the rewrite changed the def line itself")
         unit = indent_unit(lines, original)

@@ -6,6 +6,8 @@
 * **Site keys**: each recording call's ``(module, line, function)`` names
   the module as ``__name__``, whatever name graphmend loaded it under, and
   its line is the line the call stands on in the written file.
+* **Temporaries**: graphmend's ``_gm_c0``, ``_gm_t0``... become names a
+  person would pick (``cond``, ``h_then``, ``h_else``), free in the file.
 * **Quotes**: string constants in replaced lines use the quote the file
   uses most (``ast.unparse`` writes ``'...'``).
 """
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import io
 import re
@@ -44,14 +47,14 @@ def alias_for(tree: ast.Module) -> str:
     found = existing_alias(tree)
     if found:
         return found
-    used = _names_in(tree)
+    used = names_in(tree)
     for alias in ALIASES:
         if alias not in used:
             return alias
     raise Decline(f"the module already uses the names {', '.join(ALIASES)}")
 
 
-def _names_in(tree: ast.AST) -> set[str]:
+def names_in(tree: ast.AST) -> set[str]:
     used = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
@@ -76,6 +79,51 @@ def spelled(node: ast.AST, alias: str, module: str | None) -> ast.AST:
         if module is not None and isinstance(key[0], ast.Constant) and key[0].value == module:
             key[0] = ast.copy_location(ast.Name(id="__name__", ctx=ast.Load()), key[0])
     return node
+
+
+_TEMPORARY = re.compile(r"_gm_([a-z]+?)(\d+)$")
+_SIDES = {"t": "then", "e": "elif", "f": "else"}  # a [Where] branch's value of a name: `h_then`
+_STEMS = {"c": "cond", "ok": "guards_hold", "g": "gate"}  # others keep their stem: `hit`, `mask`, `key`
+
+
+def readable_temporaries(node: ast.AST, taken: set[str]) -> ast.AST:
+    """``node`` with each graphmend temporary renamed as a person would name it:
+    a test ``cond``; a branch's value of ``h`` ``h_then`` / ``h_elif`` / ``h_else``
+    (the name the value is assigned to); others by their stem. A name the file
+    or builtins use already gets ``_2``, ``_3``..."""
+    temps = list(dict.fromkeys(n.id for n in _in_order(node) if isinstance(n, ast.Name) and _TEMPORARY.match(n.id)))
+    used = taken | names_in(node) | set(dir(builtins))
+    names: dict[str, str] = {}
+    for temp in temps:
+        stem = _TEMPORARY.match(temp).group(1)  # type: ignore[union-attr]
+        base = f"{_assigned_from(node, temp)}_{_SIDES[stem]}" if stem in _SIDES else _STEMS.get(stem, stem)
+        name, count = base, 1
+        while name in used:
+            count += 1
+            name = f"{base}_{count}"
+        used.add(name)
+        names[temp] = name
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id in names:
+            sub.id = names[sub.id]
+    return node
+
+
+def _in_order(node: ast.AST):
+    """``node`` and what it holds, in the order of the source (``ast.walk`` goes breadth first)."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _in_order(child)
+
+
+def _assigned_from(node: ast.AST, temp: str) -> str:
+    """The user's name a temporary's value is assigned to (``h = gm.select(c, _gm_t0, h)``: ``h``)."""
+    for sub in _in_order(node):
+        if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
+            target = sub.targets[0].id
+            if not target.startswith("_gm_") and any(isinstance(n, ast.Name) and n.id == temp for n in ast.walk(sub.value)):
+                return target
+    return "value"
 
 
 def uses(node: ast.AST, alias: str) -> bool:
