@@ -7,6 +7,10 @@ import torch
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 sys.path.insert(0, FIXTURES)
 
+# Each test mends from scratch: no entry of the mend cache (graphmend/cache.py) stands in for a
+# mend, and the suite writes nothing there; tests/test_cache.py turns it on in a folder of its own.
+os.environ["GRAPHMEND_CACHE"] = "0"
+
 
 def counting_graphs(model, args=(), kwargs=None, calls=1):
     """Graphs compiled by a plain counting backend, independent of graphmend."""

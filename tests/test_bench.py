@@ -131,3 +131,21 @@ def test_sites_every_rule_declined_with_a_reason_are_not_an_inert_arm():
     report.arms["mended"] = dict(base, cache_dir="/b", fixable_sites=1, applied_sites=0, declined_with_reason=1)
     B._check(report)
     assert not any("mended nothing" in p for p in report.problems), report.problems
+
+
+def test_the_mended_arms_cold_start_counts_the_mend(unseeded_report):
+    # graphmend.compile mends inside the user's first call: the cold start is both.
+    original, mended = unseeded_report.arms["original"], unseeded_report.arms["mended"]
+    assert mended["cold_start_s"] == pytest.approx(mended["mend_s"] + mended["first_call_s"], abs=1e-3)
+    assert mended["mend_s"] > 0 and set(mended["mend_split"]) == {"discovery", "rewrite", "verify"}
+    assert mended["mend_from_cache"] is False and unseeded_report.mend_cache == "cold"
+    assert "mend_s" not in original and original["cold_start_s"] == original["first_call_s"]
+
+
+def test_a_warm_mend_cache_installs_what_an_unmeasured_process_mended():
+    report = B.bench(f"{PATTERNS}:build_unseeded", backend="eager", batches=(1,), iters=3, timeout=300, mend_cache="warm")
+    original, mended = report.arms["original"], report.arms["mended"]
+    assert report.problems == [] and set(report.arms) == {"original", "mended"}
+    assert mended["mend_from_cache"] is True and set(mended["mend_split"]) == {"install"}
+    assert (original["graphs"], mended["graphs"]) == (2, 1) and report.outputs_identical is True
+    assert report.to_dict()["mend_cache"] == "warm"

@@ -28,6 +28,7 @@ LAYERS = (
     "check",
     "passes",
     "pipeline",
+    "cache",
     "api",
     "tools",
 )

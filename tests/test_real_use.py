@@ -126,14 +126,14 @@ def _calls_during_the_first_mend(lines, records, monkeypatch):
     reference = copy.deepcopy(model)
     compiled = graphmend.compile(model, backend=CountingBackend())
     mending, launched, waiting = threading.Event(), threading.Event(), []
-    real_mend = api._mend
+    real_mend = api.mend_model
 
     def mend_while_threads_call(*args, **kwargs):
         mending.set()
         launched.wait(30)  # every worker is about to make its first call
         return real_mend(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_mend", mend_while_threads_call)
+    monkeypatch.setattr(api, "mend_model", mend_while_threads_call)
     inputs = {f"w{t}": [torch.full((2, 4), 100.0 * t + j) for j in range(50)] for t in range(4)}
     inputs["MainThread"] = [torch.full((2, 4), -1.0)]
     outputs: dict[str, list] = {name: [] for name in inputs}
@@ -178,14 +178,14 @@ def _call_past_the_timeout(lines, records, monkeypatch):
     model = Chatty().eval()
     compiled = graphmend.compile(model, backend=CountingBackend(), mend_timeout=0.0)
     release, mending = threading.Event(), threading.Event()
-    real_mend = api._mend
+    real_mend = api.mend_model
 
     def slow_mend(*args, **kwargs):
         mending.set()
         release.wait(30)
         return real_mend(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_mend", slow_mend)
+    monkeypatch.setattr(api, "mend_model", slow_mend)
     first = threading.Thread(target=lambda: compiled(torch.ones(2, 4)), name="first")
     with torch.no_grad():
         first.start()

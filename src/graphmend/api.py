@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from graphmend import cache as mend_cache
 from graphmend import runtime
 from graphmend.compat import check_environment
 from graphmend.errors import EagerFailure, UnsupportedEnvironment, describe
@@ -79,10 +80,10 @@ def mend(model_or_fn: Any, *args: Any, **kwargs: Any) -> MendReport:
     example inputs, measured with autograd off; every rule, verification on.
     Returns the report; undo with ``graphmend.unmend(model_or_fn)``. What the
     analysis runs of the model print, log and warn is held back."""
-    return _mend(model_or_fn, args, kwargs)
+    return mend_model(model_or_fn, args, kwargs)
 
 
-def _mend(
+def mend_model(
     model: Any,
     args: tuple,
     kwargs: dict,
@@ -90,11 +91,21 @@ def _mend(
     rules: tuple[str, ...] = DEFAULT_RULES,
     verify: bool = True,
     grad: bool = False,
+    cache: bool = False,
 ) -> MendReport:
+    """``mend`` with its options spelled out (``graphmend.compile`` and ``bench`` call it):
+    ``cache``, use and fill the mend cache (cache.py)."""
     check_environment()
     target = target_from_objects(model, args, kwargs)
-    with _alone(), quiet():  # analysis runs of the model: their output is not the user's
-        report, mending = mend_target(target, rules=tuple(rules), verify=verify, grad=grad)
+    with _alone():
+        def mend() -> tuple[MendReport, Mending]:
+            with quiet():  # analysis runs of the model: their output is not the user's
+                return mend_target(target, rules=tuple(rules), verify=verify, grad=grad)
+
+        if mend_cache.enabled(cache):
+            report, mending = mend_cache.mend_cached(target, tuple(rules), verify, grad, mend)
+        else:
+            report, mending = mend()
         _remember(model, mending)
         mending.report = report
     report.undo = mending.undo  # type: ignore[attr-defined]
@@ -211,8 +222,8 @@ class _Mender:
     all). The first call in the other grad mode measures the mending again in
     that mode, so ``report`` always says what the calls get."""
 
-    def __init__(self, model: Any, rules: tuple[str, ...], verify: bool, timeout: float | None) -> None:
-        self.model, self.rules, self.verify, self.timeout = model, rules, verify, timeout
+    def __init__(self, model: Any, rules: tuple[str, ...], verify: bool, timeout: float | None, cache: bool = True) -> None:
+        self.model, self.rules, self.verify, self.timeout, self.cache = model, rules, verify, timeout, cache
         self.lock = threading.Lock()
         self.settled = False  # mended, or given up
         self.tries = 0
@@ -261,7 +272,7 @@ class _Mender:
         subject = _mend_subject(self.model)
         try:
             rules = _wrapper_rules(self.model, self.rules)
-            report = _mend(subject, args, kwargs, rules=rules, verify=self.verify, grad=grad)
+            report = mend_model(subject, args, kwargs, rules=rules, verify=self.verify, grad=grad, cache=self.cache)
         except EagerFailure as exc:  # the user's bad call: it raises on its own, the next one may mend
             self.tries += 1
             if self.tries >= MAX_TRIES:
@@ -363,6 +374,7 @@ def compile(
     rules: tuple[str, ...] = DEFAULT_RULES,
     verify: bool = True,
     mend_timeout: float | None = MEND_TIMEOUT,
+    cache: bool = True,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile`` with graph breaks mended first.
@@ -372,14 +384,17 @@ def compile(
     call's inputs are used, in its grad mode. The result carries ``.report`` (a :class:`MendReport` for the
     grad mode of the latest call, None until mended). ``mend_timeout``: how
     long other threads' calls wait for the first call's mend before they run
-    the model eagerly (None: as long as it takes).
+    the model eagerly (None: as long as it takes). ``cache``: install what an
+    earlier process mended and verified for the same code, model and input
+    shapes (``report.from_cache``), and keep this mend for the next
+    (cache.py; ``GRAPHMEND_CACHE=0`` turns it off everywhere).
     """
     try:
         check_environment()
     except UnsupportedEnvironment as exc:  # never fail where torch.compile alone would work
         warnings.warn(f"{exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
         return torch.compile(model, **torch_compile_kwargs)
-    mender = _Mender(model, tuple(rules), verify, mend_timeout)
+    mender = _Mender(model, tuple(rules), verify, mend_timeout, cache)
     if example_inputs is not None:  # no call to take the grad mode from: measured for inference, as mend()
         mender.ready(*_split_inputs(example_inputs), grad=False)
 
@@ -415,7 +430,7 @@ def compile(
             inner.__class__ = _MendedModule
             inner.__dict__["_graphmend_around"] = around
             inner.__dict__["_graphmend_options"] = dict(
-                example_inputs=None, rules=tuple(rules), verify=verify, mend_timeout=mend_timeout,
+                example_inputs=None, rules=tuple(rules), verify=verify, mend_timeout=mend_timeout, cache=cache,
                 **torch_compile_kwargs,
             )
         else:  # another wrapper type: hooks (an exception in the forward wins over a trapped one)

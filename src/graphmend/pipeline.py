@@ -80,7 +80,9 @@ def mend_target(
     try:
         with random_state_kept():  # mending runs the model: the user's generators stay where they are
             for step in PASSES:
+                began = time.perf_counter()
                 step(session)
+                session.pass_seconds[step.__name__] = time.perf_counter() - began
     except BaseException:
         session.mending.undo()
         raise
@@ -190,6 +192,7 @@ def report_of(session: Session) -> "MendReport":
         capture=session.capture,
         kept=session.kept,
         grad=session.grad,
+        pass_seconds=dict(session.pass_seconds),
     )
 
 
@@ -221,6 +224,9 @@ def report_in_mode(
     return mended, taken
 
 
+_VERIFYING = {"observe_baseline", "verify", "verify_capture"}
+
+
 @dataclass
 class MendReport:
     target: str
@@ -235,6 +241,22 @@ class MendReport:
     capture: Capture = field(default_factory=Capture)
     kept: list[str] = field(default_factory=list)  # graph breaks kept before asserts, or why not (barriers.py)
     grad: bool = False  # the autograd mode the graphs were measured in
+    from_cache: bool = False  # installed from the mend cache (cache.py): measured by an earlier process
+    pass_seconds: dict[str, float] = field(default_factory=dict)  # each pass's wall time (PASSES)
+
+    @property
+    def mend_split(self) -> dict[str, float]:
+        """Where the mend's seconds went: ``discovery`` (tracing the original),
+        ``verify`` (eager observations and comparisons) and ``rewrite`` (the rest:
+        rounds, capture, speculation, asserts, never-worse), from ``pass_seconds``;
+        for a mend from the cache, ``install`` alone."""
+        if self.from_cache:
+            return {"install": round(self.seconds, 3)}
+        split = {"discovery": 0.0, "rewrite": 0.0, "verify": 0.0}
+        for name, seconds in self.pass_seconds.items():
+            part = "discovery" if name == "discover" else "verify" if name in _VERIFYING else "rewrite"
+            split[part] += seconds
+        return {k: round(v, 3) for k, v in split.items()}
 
     @contextlib.contextmanager
     def region(self) -> Any:
@@ -286,6 +308,8 @@ class MendReport:
             "verified": self.verified,
             "differences": list(self.differences),
             "seconds": round(self.seconds, 3),
+            "from_cache": self.from_cache,
+            "mend_split": self.mend_split,
             "sites": [o.to_dict() for o in self.outcomes],
             "capture": self.capture.to_dict(),
             "kept": list(self.kept),

@@ -79,6 +79,7 @@ except ImportError:
 from .generator import Program
 
 _SEQ = [0]
+os.environ["GRAPHMEND_CACHE"] = "0"  # every program is mended, and nothing is kept of its temporary files
 
 
 def load(program: Program, folder: str) -> Any:

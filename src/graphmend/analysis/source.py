@@ -8,6 +8,7 @@ modification time.
 from __future__ import annotations
 
 import ast
+import contextlib
 import linecache
 import os
 import sys
@@ -35,13 +36,31 @@ def _parse(path: str, mtime: float) -> ParsedFile | None:
         return None
 
 
+# The files read since ``reading()`` began, with their text (the mend cache's key: cache.py).
+_READ: list[dict[str, str]] = []
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[dict[str, str]]:
+    """Every file ``parse_file`` reads in the block: path -> the text read."""
+    seen: dict[str, str] = {}
+    _READ.append(seen)
+    try:
+        yield seen
+    finally:
+        _READ.remove(seen)
+
+
 def parse_file(path: str) -> ParsedFile | None:
     """The parsed file, or None when it cannot be read or parsed."""
     try:
         mtime = os.stat(path).st_mtime
     except OSError:
         return None
-    return _parse(path, mtime)
+    parsed = _parse(path, mtime)
+    for seen in _READ:
+        seen.setdefault(path, parsed.text if parsed is not None else "")
+    return parsed
 
 
 def source_line(path: str, line: int) -> str:

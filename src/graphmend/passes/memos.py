@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import torch
 
+from graphmend.models.targets import Target
 from graphmend.rewrite.session import Session, Status, run_copy
 
 
 def prefill(session: Session) -> None:
-    target, names = session.target, session.mending.memo_attrs
-    if not (names and session.mending.patches) or not isinstance(target.model, torch.nn.Module):
+    if not session.mending.patches:
         return
-    subject = run_copy(target, session.grad)
+    filled = fill(session.target, session.mending.memo_attrs, session.grad)
+    if filled:
+        for found in session.outcomes.values():
+            if found.status == Status.APPLIED and any("memoised" in n for n in found.notes):
+                found.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")
+
+
+def fill(target: Target, names: set[str], grad: bool) -> list[str]:
+    """Set the memo attributes ``names`` on ``target``'s modules from one eager
+    run of a private copy (also what a cached mend does: cache.py); the paths set."""
+    if not names or not isinstance(target.model, torch.nn.Module):
+        return []
+    subject = run_copy(target, grad)
     if subject is None:
-        return
+        return []
     filled = []
     copies = dict(subject.model.named_modules())
     for path, module in target.model.named_modules():
@@ -28,7 +40,4 @@ def prefill(session: Session) -> None:
             if twin is not None and name in vars(twin) and name not in vars(module):
                 setattr(module, name, vars(twin)[name])
                 filled.append(f"{path}.{name}" if path else name)
-    if filled:
-        for found in session.outcomes.values():
-            if found.status == Status.APPLIED and any("memoised" in n for n in found.notes):
-                found.notes.append(f"memo {', '.join(filled)} initialised at mend time (no first-call recompile)")
+    return filled

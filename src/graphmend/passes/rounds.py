@@ -123,7 +123,9 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
                 )
             continue
         mending.add(patch, [key(s) for s, _ in ok])
-        unaliased = engine.unalias_buffers(model, set().union(*(rw.unalias for _, rw in ok)))
+        unalias = set().union(*(rw.unalias for _, rw in ok))
+        mending.unalias |= unalias
+        unaliased = engine.unalias_buffers(model, unalias)
         for site, rw in ok:
             mending.memo_attrs |= rw.memo_attrs
             if unaliased:

@@ -114,6 +114,7 @@ class Mending:
     def __init__(self) -> None:
         self.patches: list[engine.Patch] = []
         self.memo_attrs: set[str] = set()  # attributes rewrites may create early (not state differences)
+        self.unalias: set[str] = set()  # buffers rewrites update in place: given their own storage (engine.unalias_buffers)
         self.target: Target | None = None  # what was mended, with its example inputs
         self.report: Any = None  # the MendReport, set by the API that made it
         self.groups: dict[int, list[Key]] = {}  # patch index -> the sites it applies
@@ -188,6 +189,7 @@ class Session:
     differences: list[str] = field(default_factory=list)
     verified: bool | None = None  # None: verification off
     started: float = field(default_factory=time.perf_counter)
+    pass_seconds: dict[str, float] = field(default_factory=dict)  # each pass's wall time (pipeline.mend_target)
 
     @property
     def groups(self) -> dict[int, list[Key]]:

@@ -165,7 +165,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         with quiet():
             load_target(ns.target)  # a bad target is a one-line error here, not two failed arms
     report = bench(ns.target, backend=ns.backend, batches=batches, iters=ns.iters, timeout=ns.timeout,
-                   device=device, modes=modes)
+                   device=device, modes=modes, mend_cache=ns.mend_cache)
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -256,6 +256,45 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in (0, 1)]
     for name, categories, summary in rows:
         print(f"{name:{widths[0]}}  {categories:{widths[1]}}  {summary}")
+    return EXIT_CLEAN
+
+
+def cmd_cache(ns: argparse.Namespace) -> int:
+    import time
+
+    from graphmend import cache
+
+    if ns.action == "clear":
+        removed = cache.clear()
+        print(f"removed {removed} mend cache entr{'y' if removed == 1 else 'ies'} from {os.path.join(cache.root(), 'mends')}")
+        return EXIT_CLEAN
+    rows = []
+    for path, entry, size in cache.entries():
+        row = {"key": os.path.basename(path).removesuffix(".pkl"), "path": path, "bytes": size, "readable": entry is not None}
+        if entry is not None:
+            row.update(target=entry.target, torch=entry.torch, created=entry.created,
+                       graphs=[entry.report.before.graphs, entry.report.after.graphs],
+                       functions=len(entry.rewrites), files=len(entry.files))
+        rows.append(row)
+    if ns.json:
+        print(json.dumps({"folder": os.path.join(cache.root(), "mends"), "enabled": cache.enabled(), "entries": rows}, indent=2))
+        return EXIT_CLEAN
+    from rich.console import Console
+    from rich.table import Table
+
+    state = "" if cache.enabled() else " (off: GRAPHMEND_CACHE=0)"
+    table = Table(title=f"mend cache in {os.path.join(cache.root(), 'mends')}{state}", title_justify="left")
+    for column in ("key", "target", "torch", "graphs", "rewritten", "files read", "age", "size"):
+        table.add_column(column)
+    for r in rows:
+        if not r["readable"]:
+            table.add_row(r["key"][:12], "(unreadable: replaced when next used)", "", "", "", "", "", f"{r['bytes'] // 1024} KB")
+            continue
+        age = time.time() - r["created"]
+        ago = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
+        table.add_row(r["key"][:12], r["target"], r["torch"], f"{r['graphs'][0]} -> {r['graphs'][1]}", str(r["functions"]),
+                      str(r["files"]), ago, f"{r['bytes'] // 1024} KB")
+    Console().print(table)
     return EXIT_CLEAN
 
 
@@ -350,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the arms run (default: cuda when available)")
     p.add_argument("--mode", choices=["auto", "default", "reduce-overhead", "both"], default="auto",
                    help="torch.compile mode(s); auto = default on CPU, default and reduce-overhead on CUDA")
+    p.add_argument("--mend-cache", choices=["cold", "warm"], default="cold",
+                   help="cold: the mended arm mends (default); warm: it installs an unmeasured process's mend from the cache")
     p.add_argument("--json", action="store_true")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
@@ -382,6 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rules", help="list the rules, or show one rule's documentation")
     p.add_argument("name", nargs="?")
     p.set_defaults(func=cmd_rules)
+
+    p = sub.add_parser("cache", help="list or clear the mend cache graphmend.compile keeps for restarted processes")
+    p.add_argument("action", nargs="?", choices=("list", "clear"), default="list")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("zoo", help="list the zoo: targets built from the paper's Table 2")
     p.add_argument("--json", action="store_true")

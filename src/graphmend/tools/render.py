@@ -180,7 +180,8 @@ def render_mend(report: "MendReport", console: Console | None = None) -> None:
 def render_bench(report: "BenchReport", console: Console | None = None) -> None:
     console = console or terminal()
     mode = "" if report.mode == "default" else f", mode={report.mode}"
-    table = Table(title=f"bench {report.target} ({report.backend}, {report.device}{mode})", title_justify="left")
+    warm = ", mend cache warm" if report.mend_cache == "warm" else ""
+    table = Table(title=f"bench {report.target} ({report.backend}, {report.device}{mode}{warm})", title_justify="left")
     table.add_column("metric")
     table.add_column("original", justify="right")
     table.add_column("mended", justify="right")
@@ -206,7 +207,11 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
     row("ops captured", "calls_captured", ratio=False)
     row("frames run eagerly", "fallbacks_to_eager", ratio=False)
     row("recompiles", "recompiles", ratio=False)
-    row("cold start, s", "cold_start_s")
+    row("cold start (mending included), s", "cold_start_s")
+    split = b.get("mend_split") or {}
+    table.add_row("  of which mending, s", "-", fmt(b.get("mend_s")),
+                  ", ".join(f"{k} {v:.2f}" for k, v in split.items()) if split else "-")
+    row("  first call alone, s", "first_call_s")
     row("cold start excl. compile, s", "cold_start_excl_compile_s")
     row("time to steady, s", "time_to_steady_s")
     row("compile, s", "compile_s")

@@ -155,7 +155,7 @@ def model_result(name: str) -> dict[str, Any]:
     plain = len(graphs)
     torch._dynamo.reset()
     graphs, backend = counting()
-    compiled = mend_and_compile(target.model, backend=backend)
+    compiled = mend_and_compile(target.model, backend=backend, cache=False)  # measured: mended here, not installed
     mended_out = _call(compiled, target)
     mended = len(graphs)
     report = compiled.report
