@@ -190,7 +190,7 @@ def cmd_suite(ns: argparse.Namespace) -> int:
         raise GraphmendError(f"unknown row(s) {', '.join(unknown)}; rows are {', '.join(sorted(known))}")
     with Progress(transient=True) as bar:
         task = bar.add_task("suite" + (" --quick" if ns.quick else ""), total=len(rows))
-        report = run_suite(rows, quick=ns.quick, jobs=ns.jobs, progress=lambda name: bar.advance(task))
+        report = run_suite(rows, quick=ns.quick, jobs=ns.jobs, progress=lambda name: bar.advance(task), warm=ns.warm)
     from graphmend.tools.render import render_suite
 
     render_suite(report)
@@ -399,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="counting backend only, no timing")
     p.add_argument("--rows", help="comma-separated rows (default: all zoo rows and demo)")
     p.add_argument("--jobs", type=int, default=1, help="rows run in parallel processes (default 1)")
+    p.add_argument("--warm", action="store_true", help="also time each row with a warm mend cache (a restarted process)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON, and a PNG chart beside it")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_suite)

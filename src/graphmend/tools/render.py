@@ -256,8 +256,10 @@ def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
     for name, justify in (("row", "left"), ("categories", "left"), ("breaks", "right"), ("fix", "right"),
                           ("paper breaks", "right"), ("paper fix", "right"), ("rules", "left")):
         table.add_column(name, justify=justify)
+    warm = any("cold_start_warm_ratio" in r for r in report.rows)
     if not report.quick:
-        for name in ("cold x", "cold-compile x", "steady x", "regions/fwd", "outputs"):
+        for name in ("cold x", *(["cold x, warm cache"] if warm else []), "cold-compile x", "steady x", "regions/fwd",
+                     "outputs"):
             table.add_column(name, justify="right")
     for r in report.rows:
         if not r.get("ok"):
@@ -276,8 +278,8 @@ def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
             same = {True: "identical", False: f"max diff {r.get('max_abs_diff')}", None: "-"}[r.get("outputs_identical")]
             regions = r.get("regions_per_forward") or [None, None]
             regions_cell = "-" if None in regions else f"{regions[0]} -> {regions[1]}"
-            cells += [ratio(r.get("cold_start_ratio")), ratio(r.get("cold_start_excl_compile_ratio")),
-                      ratio(r.get("steady_state_ratio")), regions_cell, same]
+            cells += [ratio(r.get("cold_start_ratio")), *([ratio(r.get("cold_start_warm_ratio"))] if warm else []),
+                      ratio(r.get("cold_start_excl_compile_ratio")), ratio(r.get("steady_state_ratio")), regions_cell, same]
         table.add_row(*cells)
     console.print(table)
     t = report.totals()

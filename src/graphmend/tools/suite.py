@@ -68,11 +68,13 @@ def run_suite(
     jobs: int = 1,
     timeout: float = 1200.0,
     progress: Callable[[str], None] | None = None,
+    warm: bool = False,
 ) -> SuiteReport:
+    """``warm``: each row's timing also with a warm mend cache (bench --mend-cache warm)."""
     rows = rows or default_rows()
     report = SuiteReport(quick=quick)
     start = time.perf_counter()
-    report.rows = run_each(rows, lambda name: _run_row(name, quick, timeout), jobs, progress)
+    report.rows = run_each(rows, lambda name: _run_row(name, quick, timeout, warm), jobs, progress)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -92,8 +94,9 @@ def run_each(
         return list(pool.map(each, names))
 
 
-def _run_row(name: str, quick: bool, timeout: float) -> dict[str, Any]:
-    return run_in_process(ROW_MODULE, [name] + (["--quick"] if quick else []), timeout, {"row": name})
+def _run_row(name: str, quick: bool, timeout: float, warm: bool = False) -> dict[str, Any]:
+    flags = (["--quick"] if quick else []) + (["--warm"] if warm else [])
+    return run_in_process(ROW_MODULE, [name, *flags], timeout, {"row": name})
 
 
 def run_in_process(module: str, argv: list[str], timeout: float, label: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +113,7 @@ def run_in_process(module: str, argv: list[str], timeout: float, label: dict[str
     return json.loads(lines[-1])
 
 
-def row_result(name: str, quick: bool) -> dict[str, Any]:
+def row_result(name: str, quick: bool, warm: bool = False) -> dict[str, Any]:
     """One row, in this process (the suite runs it in a fresh one)."""
     from graphmend.models import zoo
     from graphmend.models.targets import load_target
@@ -172,7 +175,13 @@ def row_result(name: str, quick: bool) -> dict[str, Any]:
             outputs_identical=timing.outputs_identical,
             max_abs_diff=timing.max_abs_diff,
             bench_problems=timing.problems,
+            mend_s=mended.get("mend_s"),
         )
+        if warm:  # a restarted process: the mended arm installs the mend from the cache
+            again = bench(target_name, backend="inductor", batches=(), iters=10, timeout=900, device=device, modes=modes,
+                          mend_cache="warm")
+            result.update(cold_start_warm_ratio=again.to_dict()["ratios"]["cold_start"],
+                          bench_problems=timing.problems + [f"warm: {p}" for p in again.problems])
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -212,7 +221,7 @@ def main(argv: list[str]) -> int:
     name = argv[0]
     quick = "--quick" in argv[1:]
     try:
-        result = row_result(name, quick)
+        result = row_result(name, quick, warm="--warm" in argv[1:])
     except Exception as exc:  # reported as a failed row, never dropped
         result = {"row": name, "ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     print(json.dumps(result))
