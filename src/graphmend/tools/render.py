@@ -236,7 +236,8 @@ def render_bench(report: "BenchReport", console: Console | None = None) -> None:
     same = {True: "bit-identical", False: "different", None: "not compared"}[report.outputs_identical]
     console.print(Text(f"outputs: {same}; max abs diff {fmt(report.max_abs_diff)}", style="dim"), soft_wrap=True)
     if b.get("ok"):
-        console.print(Text(f"mended arm: {b.get('applied_sites', 0)} of {b.get('fixable_sites', 0)} fixable sites mended", style="dim"))
+        console.print(Text(f"mended arm: {b.get('applied_sites', 0)} site(s) mended; explain counted "
+                           f"{b.get('fixable_sites', 0)} of the original's breaks fixable", style="dim"))
     for problem in report.problems:
         console.print(Text("problem: " + problem, style="red"), soft_wrap=True)
     for other in report.modes.values():
