@@ -118,3 +118,62 @@ def test_reorderable_logging_is_whether_dynamo_takes_a_logger_method():
     finally:
         torch._dynamo.config.reorderable_logging_functions = functions
     assert (len(backend.graphs) == 1) == ROW.reorderable_logging
+
+
+class _Select(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        ctx.save_for_backward(cond)
+        return torch.where(cond, a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (cond,) = ctx.saved_tensors
+        return None, torch.where(cond, grad, 0.0), torch.where(cond, 0.0, grad)
+
+
+def test_duplicate_input_loses_grad_is_whether_dynamo_drops_one_of_a_functions_gradients():
+    """One tensor as two inputs of one autograd.Function: eager sums both gradients
+    (3); torch 2.12's Dynamo keeps one (found by the 2.12.1 fuzz run)."""
+
+    def f(x, c):
+        h = x * 1.0
+        return _Select.apply(c, h, h) * 3
+
+    x = torch.ones(4, requires_grad=True)
+    torch.compile(f, backend="eager")(x, torch.tensor(True)).sum().backward()
+    assert (x.grad.tolist() != [3.0] * 4) == ROW.duplicate_input_loses_grad, x.grad
+
+
+def test_symbolic_format_crashes_is_whether_dynamo_fails_a_format_spec_on_a_dynamic_float():
+    """pytorch #197093: the second call recompiles the resumed frame with the
+    `.item()` float dynamic, and `:.3f` on it raises inside Dynamo."""
+
+    def f(h, s):
+        if s > 0:
+            s.add_(1)
+        else:
+            torch._assert(torch.isfinite(h).all(), f"max was {h.max().item():.3f}")
+        return h, s
+
+    compiled = torch.compile(f, backend="eager")
+    compiled(torch.ones(2, 4), torch.tensor(-1.0))
+    try:
+        compiled(torch.ones(2, 4) * 2, torch.tensor(-1.0))
+    except torch._dynamo.exc.InternalTorchDynamoError as exc:
+        assert "Unknown format code 'f'" in str(exc) and ROW.symbolic_format_crashes, exc
+    else:
+        assert not ROW.symbolic_format_crashes
+
+
+def test_emulated_casts_miss_overflow_is_whether_inductor_sees_an_fp16_overflow():
+    """Found by the 2.12.1 fuzz run: with emulate_precision_casts, torch 2.12's Inductor
+    still computes `isinf(t.to(float16))` in fp32 when fused (no inf where eager has one)."""
+
+    def overflows(h):
+        return torch.isinf((h * 3000.0).to(torch.float16)).any()
+
+    x = torch.tensor([7488.8535, -15507.9365])
+    assert overflows(x)
+    compiled = torch.compile(overflows, backend="inductor", options={"emulate_precision_casts": True})
+    assert (not compiled(x)) == ROW.emulated_casts_miss_overflow

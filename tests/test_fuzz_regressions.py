@@ -337,3 +337,18 @@ def test_an_autograd_inplace_error_naming_another_saved_tensor_is_documented():
     assert result.status == "checked"
     assert result.mismatches == [], result.mismatches[:2]
     assert any("output 0 of Tanh" in d for d in result.documented)
+
+
+def test_calls_torchs_format_bug_fails_are_counted_apart_from_mismatches():
+    """Found by the 1,000-program run on torch 2.14.1: Dynamo fails formatting a float
+    it made symbolic (compat: symbolic_format_crashes, pytorch #197093) on a line
+    graphmend left as written; the original fails the same way, at other calls
+    (graphmend cut the graphs elsewhere). From the call it fails on, a series is
+    counted apart; before it, and on releases without the bug, it is compared."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_symbolic_format.py"), seed=3568, start=5, grad=True)
+    assert result.status == "checked" and result.mismatches == [], result.mismatches[:2]
+    assert bool(result.torch_bug) == release().symbolic_format_crashes, result.torch_bug[:2]
+    assert all(d.startswith(("counting, ", "aot_eager", "compile+grad, ")) for d in result.torch_bug), result.torch_bug[:2]
+    assert not result.torch_bug or any("('InternalTorchDynamoError', 'ValueError: Unknown format code" in d for d in result.torch_bug)

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         print("MISMATCH", line)
     for line in result.backend_differences:
         print("backend", line)
+    for line in result.torch_bug:
+        print("TORCH BUG", line)
     for line in result.left:
         print("LEFT BEHIND", line)
     return 1 if result.mismatches or result.left else 0

@@ -86,6 +86,26 @@ def test_an_elif_chain_under_grad_is_one_graph_with_eager_gradients():
     assert compiled.report.grad and len(backend.graphs) == 1
 
 
+def test_a_name_an_elif_chain_leaves_unchanged_on_two_paths_is_not_selected_against_itself():
+    """`y` is the same on the elif and the fall-through paths: the chain selects
+    `where(c0, y_then, y)`, not `where(c0, y_then, where(c1, y, y))`. Passing one tensor
+    twice to one autograd.Function lost a gradient under torch 2.12's Dynamo (found by
+    the 2.12.1 fuzz run): eager's gradients to the bit on every path, on every release."""
+    model = B.ElifLeavesOneUnchanged()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    for x in (P, SMALL, N):  # sums 10.5, 0.525, -10.5: each path
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, got = B.ElifLeavesOneUnchanged()(a), compiled(b)
+        expected.sum().backward()
+        got.sum().backward()
+        assert bits_equal(expected.detach(), got.detach()) and bits_equal(a.grad, b.grad), (x, a.grad, b.grad)
+    source = "\n".join(p.source for _, mending in graphmend.api._ACTIVE.values() for p in mending.patches)
+    assert "y = __graphmend_rt__.select(_gm_c0, _gm_t0, y)\n" in source, source
+    assert source.count("same_meta(_gm_t0, y)") == 1, source
+    assert compiled.report.grad and len(backend.graphs) == 1
+
+
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 def test_an_early_return_predicates_the_rest_of_the_function(grad):
     """`if x.max() > 2: return x * 0` then more code: both return values computed, one

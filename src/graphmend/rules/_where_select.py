@@ -112,11 +112,14 @@ def taken(conds: list[str], index: int, ctx: RewriteContext) -> ast.expr:
 def selected(conds: list[str], values: list[ast.expr], ctx: RewriteContext, grad: bool) -> ast.expr:
     """``torch.where(c0, v0, torch.where(c1, v1, ... v_else))``; with ``grad``,
     ``runtime.select`` (``torch.where`` whose backward gives the side not chosen
-    ``-0.0``)."""
+    ``-0.0``). A path that leaves the value as the next one does is no select:
+    ``where(c1, y, y)`` is ``y`` (and one tensor passed twice to one
+    ``autograd.Function`` loses a gradient under torch 2.12's Dynamo)."""
     where = ctx.runtime("select") if grad else ctx.torch("where")
     out = values[-1]
     for cond, value in reversed(list(zip(conds, values))):
-        out = ast.Call(func=copy.deepcopy(where), args=[load_name(cond), value, out], keywords=[])
+        if ast.dump(value) != ast.dump(out):
+            out = ast.Call(func=copy.deepcopy(where), args=[load_name(cond), value, out], keywords=[])
     return out
 
 

@@ -494,7 +494,8 @@ class Where(CondForm, TrailingCallForm, Rule):
         meta_checks = [
             ast.Call(func=ctx.runtime("same_meta"), args=[select.ref(values[0]), select.ref(v)], keywords=[])
             for _, values in selects
-            for v in values[1:]
+            for v in dict.fromkeys(values[1:])
+            if v != values[0]
         ]
         guard = all_of(meta_checks)
         predicated: list[ast.stmt] = []
