@@ -139,6 +139,46 @@ def test_recompiles_counted_over_calls():
     assert trace.recompiles == 1
 
 
+class _PrintLayer(torch.nn.Module):
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.lin = torch.nn.Linear(width_in, width_out)
+
+    def forward(self, h):
+        h = self.lin(h)
+        print("width", h.shape[-1])
+        return h.relu()
+
+
+class _Widening(torch.nn.Module):
+    """Each layer's frame, resumed after its print, meets a new width."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_PrintLayer(a, b) for a, b in ((4, 8), (8, 16), (16, 32), (32, 64)))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_explain_says_when_its_static_count_may_differ_from_torch_compiles_default():
+    """Counted with dynamic=False (as mend counts), each new width is a new graph and
+    explain says torch.compile's default may compile fewer; `--dynamic auto` counts
+    as torch.compile() does, here 2 graphs fewer."""
+    from graphmend.discover.explain import explain_target
+    from graphmend.models.targets import target_from_objects
+
+    static, auto = (
+        explain_target(target_from_objects(_Widening(), (torch.ones(2, 4),), {}), dynamic=d) for d in (False, None)
+    )
+    assert (static.graphs, auto.graphs) == (8, 6), (static.graphs, auto.graphs)
+    assert (static.to_dict()["dynamic"], auto.to_dict()["dynamic"]) == ("static", "auto")
+    assert any("counted with dynamic=False" in w and "--dynamic auto" in w for w in static.warnings), static.warnings
+    assert not any("dynamic=False" in w for w in auto.warnings), auto.warnings
+
+
 def test_duplicate_suppression_does_not_hide_frames_across_runs():
     # Dynamo suppresses the traceback of a break it already logged; discovery
     # turns that off, so a second run sees the same frame chain.

@@ -71,6 +71,7 @@ class ExplainReport:
     frames_skipped: int
     seconds: float
     calls_captured: int = 0
+    dynamic: bool | None = False  # torch.compile's `dynamic`: False each shape static, None automatic
     sites: list[BreakSite] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     scalar_asserts: list[str] = field(default_factory=list)  # asserts on captured scalars (trace._scalar_asserts)
@@ -113,6 +114,7 @@ class ExplainReport:
             "graphs_per_call": list(self.graphs_per_call),
             "ops_per_graph": list(self.ops_per_graph),
             "recompiles": self.recompiles,
+            "dynamic": "static" if self.dynamic is False else "auto",
             "break_events": self.break_events,
             "frames_skipped": self.frames_skipped,
             "fallbacks_to_eager": self.fallbacks_to_eager,
@@ -125,7 +127,7 @@ class ExplainReport:
         }
 
 
-def report_from_trace(name: str, trace: Trace) -> ExplainReport:
+def report_from_trace(name: str, trace: Trace, dynamic: bool | None = False) -> ExplainReport:
     sites = group_sites(trace.events)
     asserts = [a for g in trace.graphs for a in g.asserts]
     sites += assert_sites(asserts, {(s.file, s.line) for s in sites})
@@ -140,6 +142,7 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
         frames_skipped=trace.frames_skipped,
         seconds=trace.seconds,
         calls_captured=trace.calls_captured,
+        dynamic=dynamic,
         sites=sites,
         scalar_asserts=list(dict.fromkeys(a for g in trace.graphs for a in g.scalar_asserts)),
     )
@@ -161,7 +164,16 @@ def report_from_trace(name: str, trace: Trace) -> ExplainReport:
             f"Dynamo abandoned {trace.frames_skipped} frame(s) and ran them eagerly; "
             "breaks hidden behind them appear once the visible ones are fixed"
         )
-    if report.recompiles:
+    if report.recompiles and dynamic is False:
+        # A frame met again with other shapes (a resumed frame per layer size, or a
+        # later call) is one more graph here; torch.compile's default marks those
+        # dims dynamic after the first recompile and may compile fewer graphs.
+        report.warnings.append(
+            f"{report.recompiles} recompile(s) over the example calls, counted with dynamic=False (each new shape "
+            "a new graph); torch.compile's default (automatic dynamic shapes) may compile fewer: "
+            "`--dynamic auto` counts as it does"
+        )
+    elif report.recompiles:
         report.warnings.append(f"{report.recompiles} recompile(s) over the example calls")
     return report
 
@@ -187,7 +199,7 @@ def explain_target(
             raise CompileFailure(
                 f"{target.name}: torch.compile raises on the model (it runs eagerly): {describe(root_cause(exc), 300)}{where}"
             ) from exc
-    return report_from_trace(target.name, trace)
+    return report_from_trace(target.name, trace, dynamic)
 
 
 def explain(model_or_fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:

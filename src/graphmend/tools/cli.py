@@ -35,7 +35,8 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
     with redirect:
         target = load_target(ns.target)
-        report = judge(explain_target(target, calls=ns.calls, grad=ns.grad), target)
+        dynamic = None if ns.dynamic == "auto" else False
+        report = judge(explain_target(target, calls=ns.calls, grad=ns.grad, dynamic=dynamic), target)
     if ns.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -353,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema: docs/cli.md)")
     p.add_argument("--calls", type=int, default=1, help="calls on the example inputs (default 1)")
     p.add_argument("--grad", action="store_true", help="run with autograd enabled (default: no_grad)")
+    p.add_argument(
+        "--dynamic", choices=("static", "auto"), default="static",
+        help="count graphs as torch.compile(dynamic=False) does (static, the default: as mend counts them) "
+        "or as torch.compile() does (auto: automatic dynamic shapes)",
+    )
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_explain)
 
