@@ -87,6 +87,32 @@ def test_a_capture_holds_back_only_its_own_threads_output():
         _capture_beside_another_thread(lines, records)
 
 
+def test_a_warning_while_compiling_is_not_taken_for_the_models():
+    """Found by the torchvision survey on torch 2.14: torchvision's fake kernel for nms
+    warns ("`create_unbacked_symint` is deprecated") while Dynamo traces, so verifying
+    a capture setting saw a warning eager never gives and dropped the setting. What is
+    warned while this thread compiles is the compiler's; the model's own warning is
+    still captured, once per call, as eager gives it."""
+
+    def compiler(gm, example_inputs):
+        warnings.warn("from the compiler", FutureWarning)
+        return gm.forward
+
+    def f(x):
+        x = x + 1
+        warnings.warn("from the model")
+        return x * 2
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with captured() as effects:
+            torch.compile(f, backend=compiler)(torch.ones(2))
+            f(torch.ones(2))
+    torch._dynamo.reset()
+    assert [(w[0], w[1]) for w in effects.warnings] == [("UserWarning", "from the model")] * 2
+
+
 def _capture_beside_another_thread(lines, records):
     inside, outside = threading.Event(), threading.Event()
 

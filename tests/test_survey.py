@@ -98,3 +98,30 @@ def test_the_ci_subset_keeps_the_architectures_the_installed_release_has():
     if transformers.__version__ == "4.52.4":  # these two came after it
         assert "hf:higgs_audio_v2" not in models and "hf:openai_privacy_filter" not in models
         assert len(models) == 11
+
+
+def _has_torchvision() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is not None
+
+
+@pytest.mark.skipif(_has_torchvision(), reason="checks the error without torchvision")
+def test_a_torchvision_target_or_survey_without_torchvision_is_one_line(capsys):
+    with pytest.raises(TargetError) as info:
+        load_target("tv:resnet18")
+    assert str(info.value) == "tv:resnet18 needs torchvision (a build matching the installed torch)"
+    assert main(["survey", "--library", "torchvision"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "graphmend: error: the torchvision survey needs torchvision (a build matching the installed torch)"
+    )
+
+
+@pytest.mark.skipif(not _has_torchvision(), reason="needs torchvision")
+def test_a_detection_target_is_seeded_small_and_takes_a_list_of_images():
+    first, second = load_target("tv:fcos_resnet50_fpn"), load_target("tv:fcos_resnet50_fpn")
+    (images,) = first.args
+    assert [tuple(i.shape) for i in images] == [(3, 128, 160)] * 2
+    assert first.model.transform.min_size == (128,) and first.model.transform.max_size == 128
+    assert all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()))
+    assert torch.equal(images[0], second.args[0][0]) and not first.model.training

@@ -120,6 +120,11 @@ def _showwarnmsg_router(inner: Callable) -> Callable:
         if effects is None:
             inner(message)
             return
+        if torch._guards.CompileContext.try_get() is not None:
+            # Warned while this thread compiles: the compiler's or a library's fake kernel
+            # (torchvision's nms on torch 2.14: "`create_unbacked_symint` is deprecated"),
+            # never the model's own warning (Dynamo runs that after a break, or defers it).
+            return
         effects.warnings.append((message.category.__name__, str(message.message), message.filename, message.lineno))
 
     return _tagged(showwarnmsg, inner)

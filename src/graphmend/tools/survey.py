@@ -53,8 +53,22 @@ BREAKING_ON_5_23 = (
     "openai_privacy_filter", "switch_transformers", "vits", "xlm",
 )
 
+def _torchvision_all() -> list[str]:
+    from graphmend.models import vision
+
+    return vision.architectures()
+
+
+def _torchvision_subset() -> tuple[str, ...]:
+    from graphmend.models.vision import DETECTION, PREFIX
+
+    return tuple(PREFIX + name for name in (*DETECTION, "resnet18"))
+
+
 LIBRARIES: dict[str, Library] = {
     "transformers": Library("transformers", tuple("hf:" + name for name in (*BREAKING_ON_5_23, "bert")), _transformers_all),
+    # Every detection model (each breaks: box decoding, nonzero, nms) and one classifier, which does not.
+    "torchvision": Library("torchvision", _torchvision_subset(), _torchvision_all),
 }
 
 

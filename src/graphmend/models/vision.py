@@ -1,0 +1,75 @@
+"""``tv:NAME`` targets: torchvision models, small and random.
+
+``tv:fasterrcnn_resnet50_fpn`` builds ``torchvision.models.get_model(NAME,
+weights=None, weights_backbone=None)`` in eval mode with weights drawn under
+``torch.manual_seed(WEIGHT_SEED)``; nothing is downloaded. A detection model
+gets ``min_size=max_size=128`` (SSD keeps its own size) and a list of two
+seeded 3x128x160 images, as its ``forward`` takes them; a classifier gets one
+seeded 1x3x224x224 batch. Graph breaks are structural (box decoding,
+``nonzero``, ``nms``), so small inputs keep the break sites.
+
+torchvision from the package index is a CUDA build and needs the standard
+torch build beside it, not the CPU-only wheel (docs/cli.md, `survey`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from graphmend.errors import TargetError
+from graphmend.models.zoo_builders import Built, _gen, make
+
+PREFIX = "tv:"
+
+# torchvision's detection builders (torchvision.models.detection), each a
+# model whose eval forward takes a list of images and returns a list of dicts.
+DETECTION = (
+    "fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
+    "maskrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn", "retinanet_resnet50_fpn", "fcos_resnet50_fpn",
+    "ssd300_vgg16", "ssdlite320_mobilenet_v3_large",
+)
+IMAGE = (3, 128, 160)  # a detection input; two of them, of one size
+SIDE = 128  # min_size and max_size of the detection transform
+
+
+def build(spec: str) -> Built:
+    """``(model, args, kwargs)`` for a ``tv:`` target."""
+    if importlib.util.find_spec("torchvision") is None:
+        raise TargetError(f"{spec} needs torchvision (a build matching the installed torch)")
+    import torchvision
+
+    name = spec[len(PREFIX):]
+    if name not in torchvision.models.list_models():
+        raise TargetError(f"{spec}: torchvision {torchvision.__version__} has no model {name!r}")
+    options = {"weights": None}
+    detection = name in torchvision.models.list_models(module=torchvision.models.detection)
+    if detection or "weights_backbone" in _parameters(torchvision.models.get_model_builder(name)):
+        options["weights_backbone"] = None
+    if detection and not name.startswith("ssd"):
+        options.update(min_size=SIDE, max_size=SIDE)
+    try:
+        model = make(lambda: torchvision.models.get_model(name, **options))
+    except Exception as exc:
+        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    g = _gen()
+    if detection:
+        return model, ([torch.rand(IMAGE, generator=g), torch.rand(IMAGE, generator=g)],), {}
+    return model, (torch.rand((1, 3, 224, 224), generator=g),), {}
+
+
+def _parameters(builder: object) -> tuple[str, ...]:
+    import inspect
+
+    return tuple(inspect.signature(builder).parameters)  # type: ignore[arg-type]
+
+
+def architectures() -> list[str]:
+    """The detection models and the image classifiers of the installed torchvision."""
+    if importlib.util.find_spec("torchvision") is None:
+        raise TargetError("the torchvision survey needs torchvision (a build matching the installed torch)")
+    import torchvision
+
+    classifiers = torchvision.models.list_models(module=torchvision.models)
+    return [PREFIX + n for n in (*DETECTION, *classifiers) if n in torchvision.models.list_models()]
