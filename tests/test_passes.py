@@ -35,3 +35,57 @@ def test_never_worse_alone_keeps_a_program_that_is_no_worse():
         session.current = session.before
         never_worse.never_worse(session)  # nothing installed, nothing worse: nothing to take back
     assert session.current is session.before and session.outcomes == {}
+
+
+def test_verify_capture_tries_the_next_candidate_when_the_kept_one_changes_the_program(monkeypatch):
+    """Found by the torchvision survey: on the R-CNNs both flags together failed a runtime
+    assert eager never meets and were dropped, though one flag alone helped and verified.
+    Verification now tries the candidates that helped, best first, and keeps the first
+    that verifies; the report is traced again under it."""
+    from graphmend.discover.capture import DYNAMIC, SCALAR, Capture
+    from graphmend.passes import verification
+
+    session = Session(load_target("demo"), pipeline.DEFAULT_RULES)
+    tried = []
+
+    def differences_from(baseline, compiled=None):
+        tried.append(compiled)
+        return [] if compiled == (SCALAR,) else ["output: values differ"]
+
+    with quiet():
+        pipeline.observe_baseline(session)
+        pipeline.discover(session)
+        session.plain = session.current = session.before
+        session.capture = Capture(flags=(SCALAR, DYNAMIC), notes=["measured"], fallbacks=((DYNAMIC,), (SCALAR,)))
+        monkeypatch.setattr(session, "differences_from", differences_from)
+        verification.verify_capture(session)
+        expected_graphs = session.trial((SCALAR,)).graphs
+    assert tried == [(SCALAR, DYNAMIC), (DYNAMIC,), (SCALAR,)]
+    assert session.capture.flags == (SCALAR,) and session.verified is True
+    dropped = "dropped, verification under torch.compile found a difference: output: values differ"
+    assert session.capture.notes == [
+        "measured",
+        f"{SCALAR} + {DYNAMIC}: {dropped}",
+        f"{DYNAMIC}: {dropped}",
+        f"{SCALAR}: kept instead (it helps too)",
+    ]
+    assert session.current.graphs == expected_graphs  # traced again under the flag kept: captured ops join a graph
+    assert session.current.ops_per_graph != session.before.ops_per_graph
+    assert session.plain is session.before
+
+
+def test_verify_capture_with_no_candidate_left_keeps_no_flag(monkeypatch):
+    from graphmend.discover.capture import DYNAMIC, SCALAR, Capture
+    from graphmend.passes import verification
+
+    session = Session(load_target("demo"), pipeline.DEFAULT_RULES)
+    with quiet():
+        pipeline.observe_baseline(session)
+        pipeline.discover(session)
+        session.plain = session.current = session.before
+        session.capture = Capture(flags=(SCALAR, DYNAMIC), notes=["measured"], fallbacks=((SCALAR,),))
+        monkeypatch.setattr(session, "differences_from", lambda baseline, compiled=None: ["output: values differ"])
+        verification.verify_capture(session)
+    assert session.capture.flags == () and session.capture.fallbacks == ()
+    assert [n.split(":")[0] for n in session.capture.notes] == ["measured", f"{SCALAR} + {DYNAMIC}", SCALAR]
+    assert session.current.graphs == session.before.graphs and session.verified is None

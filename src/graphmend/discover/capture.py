@@ -89,6 +89,9 @@ class Capture:
 
     flags: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)  # one line per candidate measured
+    # The other candidates that help, best first: verification tries them in turn when
+    # the kept one changes what the program does.
+    fallbacks: tuple[tuple[str, ...], ...] = ()
 
     def context(self) -> contextlib.AbstractContextManager:
         return patched(self.flags)
@@ -114,8 +117,9 @@ def decide(base: Trial, measure: Callable[[tuple[str, ...]], Trial]) -> tuple[Ca
     categories = {s.category for s in base.report.sites} if base.report is not None else set()
     trials = [measure(flags) for flags in candidates(categories)]
     helping = [t for t in trials if t.refusal(base) is None]
-    best = min(helping, key=lambda t: (t.graphs, len(t.flags)), default=base)
-    decision = Capture(flags=best.flags if best is not base else ())
+    helping.sort(key=lambda t: (t.graphs, len(t.flags)))
+    best = helping[0] if helping else base
+    decision = Capture(flags=best.flags if best is not base else (), fallbacks=tuple(t.flags for t in helping[1:]))
     for trial in trials:
         label = " + ".join(trial.flags)
         refusal = trial.refusal(base)

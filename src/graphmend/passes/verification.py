@@ -8,7 +8,9 @@ difference.
 Capture flags change nothing in an eager run: with a flag kept, the mended
 model runs once more through ``torch.compile`` (eager backend) with it on
 (``verify_capture``); on a difference the flag is dropped, with the
-difference as the reason, and the sites it removed break again.
+difference as the reason, and the next candidate that helped is tried the
+same way (torchvision's R-CNNs: both flags make a runtime assert fail where
+eager does not, one alone does not); with none left the sites break again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from graphmend import runtime
 from graphmend.analysis.source import RUNTIME_NAME
+from graphmend.discover.capture import Capture
 from graphmend.passes.capturing import with_capture
 from graphmend.rewrite.session import Session, SiteOutcome, Status, dropped
 
@@ -34,14 +37,26 @@ def verify(session: Session) -> None:
 
 
 def verify_capture(session: Session) -> None:
+    """The kept capture flags, run compiled against eager; where they change what the
+    program does, the next candidate that helps (``Capture.fallbacks``), else none."""
     if not (session.verify and session.capture.flags):
         return
     assert session.baseline is not None
-    diff = session.differences_from(session.baseline, compiled=session.capture.flags)
-    if diff:
-        session.capture = dropped(session.capture, "verification under torch.compile found a difference: " + "; ".join(diff[:3]))
+    capture = session.capture
+    for flags in (capture.flags, *capture.fallbacks):
+        diff = session.differences_from(session.baseline, compiled=flags)
+        if not diff:
+            break
+        capture = dropped(Capture(flags=flags, notes=capture.notes), "verification under torch.compile found a difference: " + "; ".join(diff[:3]))
+    else:
+        session.capture = capture
         session.plain = session.current = session.retrace()
-    elif session.verified is None:
+        return
+    if flags != session.capture.flags:  # a fallback verified: kept instead, measured again
+        capture.notes.append(f"{' + '.join(flags)}: kept instead (it helps too)")
+        session.capture = Capture(flags=flags, notes=capture.notes)
+        session.current = session.retrace(flags)
+    if session.verified is None:
         session.verified = True  # nothing rewritten: the flags alone, verified
 
 
