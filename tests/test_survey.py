@@ -1,5 +1,7 @@
-"""``hf:TYPE`` targets (models/tiny.py) and ``graphmend survey`` (tools/survey.py)."""
+"""``hf:TYPE``, ``tv:NAME`` and ``timm:NAME`` targets (models/tiny.py, models/vision.py) and
+``graphmend survey`` (tools/survey.py)."""
 
+import importlib.util
 import json
 
 import pytest
@@ -101,8 +103,6 @@ def test_the_ci_subset_keeps_the_architectures_the_installed_release_has():
 
 
 def _has_torchvision() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("torchvision") is not None
 
 
@@ -115,6 +115,23 @@ def test_a_torchvision_target_or_survey_without_torchvision_is_one_line(capsys):
     assert capsys.readouterr().err.strip() == (
         "graphmend: error: the torchvision survey needs torchvision (a build matching the installed torch)"
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("timm") is not None, reason="checks the error without timm")
+def test_a_timm_target_or_survey_without_timm_is_one_line(capsys):
+    with pytest.raises(TargetError) as info:
+        load_target("timm:resnet18")
+    assert str(info.value) == "timm:resnet18 needs timm"
+    assert main(["survey", "--library", "timm"]) == 2
+    assert capsys.readouterr().err.strip() == "graphmend: error: the timm survey needs timm"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
+def test_a_timm_target_is_seeded_and_takes_its_input_size():
+    first, second = load_target("timm:resnet18"), load_target("timm:resnet18")
+    assert tuple(first.args[0].shape) == (1, *first.model.pretrained_cfg["input_size"])
+    assert torch.equal(first.args[0], second.args[0]) and not first.model.training
+    assert all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()))
 
 
 @pytest.mark.skipif(not _has_torchvision(), reason="needs torchvision")

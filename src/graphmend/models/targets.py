@@ -12,8 +12,8 @@ One spelling, the same from the CLI and from Python:
     a row of the paper's Table 2, built offline (``graphmend zoo`` lists them).
 ``hf:TYPE``
     any transformers text architecture, tiny with random weights (``tiny.py``).
-``tv:NAME``
-    a torchvision detection model or classifier, random weights (``vision.py``).
+``tv:NAME``, ``timm:NAME``
+    a torchvision detection model or classifier, a timm model, random weights (``vision.py``).
 
 A model is an ``nn.Module`` or a plain function. Every failure to load or
 build a target is a :class:`~graphmend.errors.TargetError` with one line that
@@ -179,10 +179,14 @@ def load_target(spec: str) -> Target:
         from graphmend.models import vision
 
         return _call_factory(spec, lambda: vision.build(spec))
+    if spec.startswith("timm:"):
+        from graphmend.models import vision
+
+        return _call_factory(spec, lambda: vision.build_timm(spec))
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise TargetError(
-            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo', 'zoo:NAME', 'hf:TYPE' or 'tv:NAME'"
+            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo', 'zoo:NAME', 'hf:TYPE', 'tv:NAME' or 'timm:NAME'"
         )
     module = _load_file(where) if _is_path(where) else _load_module(where)
     factory = getattr(module, attr, None)

@@ -1,4 +1,4 @@
-"""``tv:NAME`` targets: torchvision models, small and random.
+"""``tv:NAME`` and ``timm:NAME`` targets: image models, random weights.
 
 ``tv:fasterrcnn_resnet50_fpn`` builds ``torchvision.models.get_model(NAME,
 weights=None, weights_backbone=None)`` in eval mode with weights drawn under
@@ -10,6 +10,9 @@ seeded 1x3x224x224 batch. Graph breaks are structural (box decoding,
 
 torchvision from the package index is a CUDA build and needs the standard
 torch build beside it, not the CPU-only wheel (docs/cli.md, `survey`).
+
+``timm:resnet50`` builds ``timm.create_model(NAME, pretrained=False)`` the
+same way, with one seeded batch of the model's own input size.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from graphmend.errors import TargetError
 from graphmend.models.zoo_builders import Built, _gen, make
 
 PREFIX = "tv:"
+TIMM = "timm:"
+# A small model of timm families whose layers differ (convolutions, attention,
+# windows, MLP mixing, sequencers): the survey's subset. `--long`: one model of each family.
+TIMM_SUBSET = (
+    "resnet18", "efficientnet_b0", "mobilenetv3_small_100", "convnext_atto", "regnety_002", "vit_tiny_patch16_224",
+    "deit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "mixer_s16_224", "sequencer2d_s",
+)
 
 # torchvision's detection builders (torchvision.models.detection), each a
 # model whose eval forward takes a list of images and returns a list of dicts.
@@ -73,3 +83,30 @@ def architectures() -> list[str]:
 
     classifiers = torchvision.models.list_models(module=torchvision.models)
     return [PREFIX + n for n in (*DETECTION, *classifiers) if n in torchvision.models.list_models()]
+
+
+def build_timm(spec: str) -> Built:
+    """``(model, args, kwargs)`` for a ``timm:`` target."""
+    if importlib.util.find_spec("timm") is None:
+        raise TargetError(f"{spec} needs timm")
+    import timm
+
+    name = spec[len(TIMM):]
+    if name not in timm.list_models():
+        raise TargetError(f"{spec}: timm {timm.__version__} has no model {name!r}")
+    try:
+        model = make(lambda: timm.create_model(name, pretrained=False))
+    except Exception as exc:
+        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224)))
+    return model, (torch.rand((1, *size), generator=_gen()),), {}
+
+
+def timm_architectures() -> list[str]:
+    """One model of each timm family (the first its module registers)."""
+    if importlib.util.find_spec("timm") is None:
+        raise TargetError("the timm survey needs timm")
+    import timm
+
+    firsts = (timm.list_models(module=m) for m in timm.list_modules())
+    return [TIMM + names[0] for names in firsts if names]

@@ -65,10 +65,24 @@ def _torchvision_subset() -> tuple[str, ...]:
     return tuple(PREFIX + name for name in (*DETECTION, "resnet18"))
 
 
+def _timm_all() -> list[str]:
+    from graphmend.models import vision
+
+    return vision.timm_architectures()
+
+
+def _timm_subset() -> tuple[str, ...]:
+    from graphmend.models.vision import TIMM, TIMM_SUBSET
+
+    return tuple(TIMM + name for name in TIMM_SUBSET)
+
+
 LIBRARIES: dict[str, Library] = {
     "transformers": Library("transformers", tuple("hf:" + name for name in (*BREAKING_ON_5_23, "bert")), _transformers_all),
     # Every detection model (each breaks: box decoding, nonzero, nms) and one classifier, which does not.
     "torchvision": Library("torchvision", _torchvision_subset(), _torchvision_all),
+    # Image classifiers of ten families; none broke under torch.compile when issue 25 was filed.
+    "timm": Library("timm", _timm_subset(), _timm_all),
 }
 
 
