@@ -132,6 +132,10 @@ def test_a_timm_target_is_seeded_and_takes_its_input_size():
     assert tuple(first.args[0].shape) == (1, *first.model.pretrained_cfg["input_size"])
     assert torch.equal(first.args[0], second.args[0]) and not first.model.training
     assert all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()))
+    from graphmend.models.vision import TIMM, TIMM_SUBSET
+    from graphmend.tools.survey import models_of
+
+    assert models_of("timm", long=False) == [TIMM + name for name in TIMM_SUBSET]  # not only each family's first
 
 
 @pytest.mark.skipif(not _has_torchvision(), reason="needs torchvision")

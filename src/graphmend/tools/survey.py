@@ -43,6 +43,8 @@ class Library:
     name: str
     subset: tuple[str, ...]  # the CI-sized subset: what breaks on a current release, and one that does not
     every: Callable[[], list[str]]  # long mode
+    # what the installed release offers, when more than long mode runs (timm: every model, not one a family)
+    offered: Callable[[], list[str]] | None = None
 
 
 # The text architectures of transformers 5.23 that break under plain torch.compile
@@ -71,6 +73,15 @@ def _timm_all() -> list[str]:
     return vision.timm_architectures()
 
 
+def _timm_offered() -> list[str]:
+    from graphmend.models import vision
+
+    vision.timm_architectures()  # one line when timm is not installed
+    import timm
+
+    return [vision.TIMM + name for name in timm.list_models()]
+
+
 def _timm_subset() -> tuple[str, ...]:
     from graphmend.models.vision import TIMM, TIMM_SUBSET
 
@@ -82,7 +93,7 @@ LIBRARIES: dict[str, Library] = {
     # Every detection model (each breaks: box decoding, nonzero, nms) and one classifier, which does not.
     "torchvision": Library("torchvision", _torchvision_subset(), _torchvision_all),
     # Image classifiers of ten families; none broke under torch.compile when issue 25 was filed.
-    "timm": Library("timm", _timm_subset(), _timm_all),
+    "timm": Library("timm", _timm_subset(), _timm_all, _timm_offered),
 }
 
 
@@ -119,8 +130,10 @@ class SurveyReport:
 
 def models_of(library: str, long: bool) -> list[str]:
     lib = LIBRARIES[library]
-    every = lib.every()
-    return every if long else [name for name in lib.subset if name in every]
+    if long:
+        return lib.every()
+    offered = set((lib.offered or lib.every)())
+    return [name for name in lib.subset if name in offered]
 
 
 def run_survey(
