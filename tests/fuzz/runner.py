@@ -676,7 +676,7 @@ def _apart_from_format_crash(arm: str, series: Any, diff: list[str], result: Res
     if not release().symbolic_format_crashes:
         return diff
     failed_from = _format_crash_calls(arm, series)
-    apart = [d for d in diff if _series_of(d) in failed_from and _call_of(d) >= failed_from[_series_of(d)]]
+    apart = [d for d in diff for series, call in [_call_of(d)] if call >= failed_from.get(series, sys.maxsize)]
     result.torch_bug += apart
     return [d for d in diff if d not in apart]
 
@@ -694,14 +694,10 @@ def _format_crash_calls(arm: str, got: Any) -> dict[str, int]:
     return first
 
 
-def _series_of(difference: str) -> str:
+def _call_of(difference: str) -> tuple[str, int]:
+    """(the series, the call number) a ``_differences`` line names; ("", 0) for none."""
     found = _DIFF_CALL.match(difference)
-    return found.group(1) if found else ""
-
-
-def _call_of(difference: str) -> int:
-    found = _DIFF_CALL.match(difference)
-    return int(found.group(2)) if found else 0
+    return (found.group(1), int(found.group(2))) if found else ("", 0)
 
 
 # Dynamo gives up on a frame after config.recompile_limit (8) recompiles and runs it

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from graphmend.runtime.regions import random_state, set_random_state
+from graphmend.runtime.regions import compiling_here, random_state, set_random_state
 
 _ONCE_METHODS = ("warning_once", "info_once")
 
@@ -120,7 +120,7 @@ def _showwarnmsg_router(inner: Callable) -> Callable:
         if effects is None:
             inner(message)
             return
-        if torch._guards.CompileContext.try_get() is not None:
+        if compiling_here():
             # Warned while this thread compiles: the compiler's or a library's fake kernel
             # (torchvision's nms on torch 2.14: "`create_unbacked_symint` is deprecated"),
             # never the model's own warning (Dynamo runs that after a break, or defers it).

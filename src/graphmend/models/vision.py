@@ -17,7 +17,10 @@ same way, with one seeded batch of the model's own input size.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
+from typing import Any, Callable
 
 import torch
 
@@ -46,10 +49,7 @@ SIDE = 128  # min_size and max_size of the detection transform
 
 def build(spec: str) -> Built:
     """``(model, args, kwargs)`` for a ``tv:`` target."""
-    if importlib.util.find_spec("torchvision") is None:
-        raise TargetError(f"{spec} needs torchvision (a build matching the installed torch)")
-    import torchvision
-
+    torchvision = _library("torchvision", spec)
     name = spec[len(PREFIX):]
     if name not in torchvision.models.list_models():
         raise TargetError(f"{spec}: torchvision {torchvision.__version__} has no model {name!r}")
@@ -59,54 +59,60 @@ def build(spec: str) -> Built:
         options["weights_backbone"] = None
     if detection and not name.startswith("ssd"):
         options.update(min_size=SIDE, max_size=SIDE)
-    try:
-        model = make(lambda: torchvision.models.get_model(name, **options))
-    except Exception as exc:
-        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    model = _made(spec, lambda: torchvision.models.get_model(name, **options))
     g = _gen()
     if detection:
         return model, ([torch.rand(IMAGE, generator=g), torch.rand(IMAGE, generator=g)],), {}
     return model, (torch.rand((1, 3, 224, 224), generator=g),), {}
 
 
-def _parameters(builder: object) -> tuple[str, ...]:
-    import inspect
-
-    return tuple(inspect.signature(builder).parameters)  # type: ignore[arg-type]
-
-
 def architectures() -> list[str]:
     """The detection models and the image classifiers of the installed torchvision."""
-    if importlib.util.find_spec("torchvision") is None:
-        raise TargetError("the torchvision survey needs torchvision (a build matching the installed torch)")
-    import torchvision
-
+    torchvision = _library("torchvision", "the torchvision survey")
     classifiers = torchvision.models.list_models(module=torchvision.models)
     return [PREFIX + n for n in (*DETECTION, *classifiers) if n in torchvision.models.list_models()]
 
 
 def build_timm(spec: str) -> Built:
     """``(model, args, kwargs)`` for a ``timm:`` target."""
-    if importlib.util.find_spec("timm") is None:
-        raise TargetError(f"{spec} needs timm")
-    import timm
-
+    timm = _library("timm", spec)
     name = spec[len(TIMM):]
     if name not in timm.list_models():
         raise TargetError(f"{spec}: timm {timm.__version__} has no model {name!r}")
-    try:
-        model = make(lambda: timm.create_model(name, pretrained=False))
-    except Exception as exc:
-        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    model = _made(spec, lambda: timm.create_model(name, pretrained=False))
     size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224)))
     return model, (torch.rand((1, *size), generator=_gen()),), {}
 
 
 def timm_architectures() -> list[str]:
     """One model of each timm family (the first its module registers)."""
-    if importlib.util.find_spec("timm") is None:
-        raise TargetError("the timm survey needs timm")
-    import timm
-
+    timm = _library("timm", "the timm survey")
     firsts = (timm.list_models(module=m) for m in timm.list_modules())
     return [TIMM + names[0] for names in firsts if names]
+
+
+def timm_offered() -> list[str]:
+    """Every model of the installed timm."""
+    return [TIMM + name for name in _library("timm", "the timm survey").list_models()]
+
+
+_INSTALL_NOTE = {"torchvision": " (a build matching the installed torch)"}
+
+
+def _library(name: str, needed_by: str) -> Any:
+    """The installed library ``name``, or a one-line TargetError saying what needs it."""
+    if importlib.util.find_spec(name) is None:
+        raise TargetError(f"{needed_by} needs {name}{_INSTALL_NOTE.get(name, '')}")
+    return importlib.import_module(name)
+
+
+def _made(spec: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """``factory()`` under the weight seed, in eval mode; a failure in one line."""
+    try:
+        return make(factory)
+    except Exception as exc:
+        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+
+
+def _parameters(builder: object) -> tuple[str, ...]:
+    return tuple(inspect.signature(builder).parameters)  # type: ignore[arg-type]

@@ -138,7 +138,7 @@ def _before_effect(origin: str | None = None) -> None:
     so a warning or log record is torch's own, and a set trap must not raise
     inside the compiler."""
     sink = _STATE.sink
-    if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or _compiling_here():
+    if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or compiling_here():
         return
     if _STATE.speculating:
         # Nothing of a speculating call may happen before its guesses are
@@ -302,7 +302,7 @@ def _traced() -> bool:
     return torch.compiler.is_dynamo_compiling()
 
 
-def _compiling_here() -> bool:
+def compiling_here() -> bool:
     """Whether this thread is inside a Dynamo compile (its own eager callbacks:
     torch's warnings and logs while it compiles). Thread-local, unlike
     ``torch.compiler.is_compiling()``."""

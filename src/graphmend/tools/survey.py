@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from graphmend.models import vision
 from graphmend.tools.suite import run_each, run_in_process
 
 MODEL_MODULE = "graphmend.tools.survey"
@@ -55,45 +56,12 @@ BREAKING_ON_5_23 = (
     "openai_privacy_filter", "switch_transformers", "vits", "xlm",
 )
 
-def _torchvision_all() -> list[str]:
-    from graphmend.models import vision
-
-    return vision.architectures()
-
-
-def _torchvision_subset() -> tuple[str, ...]:
-    from graphmend.models.vision import DETECTION, PREFIX
-
-    return tuple(PREFIX + name for name in (*DETECTION, "resnet18"))
-
-
-def _timm_all() -> list[str]:
-    from graphmend.models import vision
-
-    return vision.timm_architectures()
-
-
-def _timm_offered() -> list[str]:
-    from graphmend.models import vision
-
-    vision.timm_architectures()  # one line when timm is not installed
-    import timm
-
-    return [vision.TIMM + name for name in timm.list_models()]
-
-
-def _timm_subset() -> tuple[str, ...]:
-    from graphmend.models.vision import TIMM, TIMM_SUBSET
-
-    return tuple(TIMM + name for name in TIMM_SUBSET)
-
-
 LIBRARIES: dict[str, Library] = {
     "transformers": Library("transformers", tuple("hf:" + name for name in (*BREAKING_ON_5_23, "bert")), _transformers_all),
     # Every detection model (each breaks: box decoding, nonzero, nms) and one classifier, which does not.
-    "torchvision": Library("torchvision", _torchvision_subset(), _torchvision_all),
+    "torchvision": Library("torchvision", tuple(vision.PREFIX + n for n in (*vision.DETECTION, "resnet18")), vision.architectures),
     # Image classifiers of ten families; none broke under torch.compile when issue 25 was filed.
-    "timm": Library("timm", _timm_subset(), _timm_all, _timm_offered),
+    "timm": Library("timm", tuple(vision.TIMM + n for n in vision.TIMM_SUBSET), vision.timm_architectures, vision.timm_offered),
 }
 
 
