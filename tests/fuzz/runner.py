@@ -600,6 +600,7 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
             def seen_in(controls: list) -> set[str]:
                 return {d for k in range(THREADS) for c in controls for d in _differences(f"threads, thread {k + 1}", expected, c)}
 
+            torch._dynamo.reset()  # as the mended arm started
             seen = seen_in(_threaded(fresh(backend), xs))
             if any(d not in seen for d in diff):
                 seen |= seen_in(_patient(lambda: _threaded(fresh(backend), xs)))
@@ -1003,6 +1004,7 @@ def save_failure(folder: str, program: Program, result: Result, params: dict[str
     notes = [f"# {key}={value!r}" for key, value in params.items()]
     notes += [f"# {result.status}: {line}" for line in (result.mismatches or [result.detail])[:30]]
     notes += [f"# left behind: {line}" for line in result.left] + [f"# mend error: {line}" for line in result.mend_errors]
+    notes = [f"# {part}" if k else part for note in notes for k, part in enumerate(note.splitlines())]  # a stack: one note
     with open(path, "w") as fh:
         fh.write("\n".join(notes) + "\n" + program.source)
     return path

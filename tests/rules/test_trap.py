@@ -13,7 +13,7 @@ import pytest
 import torch
 import trap_one_file as one
 from conftest import FIXTURES
-from effects_capture import CountingBackend, run
+from effects_capture import CountingBackend, bits_equal, run
 from torch import nn
 from trap_files import blocks
 from trap_files import model as two
@@ -1422,3 +1422,71 @@ def test_a_check_trapped_before_a_store_became_a_copy_into_the_buffer_puts_its_d
     for y in (torch.ones(2, 4) * 2, x.nan_to_num(posinf=5.0)):  # later calls as eager's
         assert torch.equal(compiled(y), expected_model(y))
         assert torch.equal(model.running, expected_model.running)
+
+
+class StoreThenCheckInMergedBranch(nn.Module):
+    """Found by the 2.15.0 fuzz run (seed 2150, on every release): the else branch
+    stores `self.running`, then checks; the code after the check stores it again,
+    so the trap puts `running` back when it raises. [Where] merges the branch and
+    writes its store after the trap: the trap kept the value from before the
+    branch, where eager's failed call leaves the branch's."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running", torch.zeros(4))
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.sum() > 0:
+            h = h * 2
+        else:
+            self.running = h.mean(0)
+            if torch.isnan(h).any():
+                raise ValueError("value out of range")
+        self.running = h.mean(0) + 1
+        return h
+
+
+def test_a_check_after_a_store_in_a_merged_branch_leaves_the_stored_value_when_it_raises():
+    """Compiled (the trap raises after the call) and the mended code called eagerly
+    (it raises at once): `running` as eager's failed call left it, and as eager's
+    after every call."""
+    nan = -torch.ones(2, 4)
+    nan[1, 2] = float("nan")
+    inputs = (-torch.ones(2, 4), torch.ones(2, 4), nan, -torch.ones(2, 4) * 3, nan)  # else, if, else raising, else, raising
+    original = StoreThenCheckInMergedBranch()
+    expected = [(run(original, x), original.running.clone()) for x in inputs]
+    assert [e.exception for e, _ in expected] == [None, None, ("ValueError", "value out of range"), None] + [expected[2][0].exception]
+    backend = CountingBackend()
+    model = StoreThenCheckInMergedBranch()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(-torch.ones(2, 4),))
+    assert {(o.rule, o.status) for o in compiled.report.outcomes} == {("trap", "applied"), ("where", "applied")}
+    mended_eagerly = StoreThenCheckInMergedBranch()  # the class's forward is the mended one now
+    for callee, module in ((compiled, model), (mended_eagerly, mended_eagerly)):
+        for x, (want, running) in zip(inputs, expected):
+            got = run(callee, x)
+            assert got.exception == want.exception and (want.exception or bits_equal(got.output, want.output))
+            assert bits_equal(module.running, running), (callee, x, module.running, running)
+    assert len(backend.graphs) == 1
+
+
+@pytest.mark.parametrize("order", ["all", "first_then_second", "second_then_first"])
+def test_two_models_of_one_class_mended_in_turn_unmend_to_the_users_code_in_any_order(order):
+    """The second model's mending finds the first's code installed on the class (a
+    server's two copies; found by the fuzzer's threads arm on 2.15.0, whose control
+    then ran mended code): it records the user's code, so no order of undoing
+    leaves mended code behind."""
+    original = StoreThenCheckInMergedBranch.forward.__code__
+    first, second = StoreThenCheckInMergedBranch(), StoreThenCheckInMergedBranch()
+    compiled = [graphmend.compile(m, backend=CountingBackend()) for m in (first, second)]
+    compiled[0](-torch.ones(2, 4))  # each mends on its first call
+    installed = StoreThenCheckInMergedBranch.forward.__code__
+    compiled[1](-torch.ones(2, 4))
+    now = StoreThenCheckInMergedBranch.forward.__code__
+    assert now is not original and now is not installed  # the second's rewrite (equal code, not the same object)
+    if order == "all":
+        graphmend.unmend()
+    else:
+        for model in (first, second) if order == "first_then_second" else (second, first):
+            graphmend.unmend(model)
+    assert StoreThenCheckInMergedBranch.forward.__code__ is original

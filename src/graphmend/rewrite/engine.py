@@ -56,6 +56,12 @@ class Located:
         return getattr(self.code, "co_qualname", self.code.co_name)
 
 
+# Installed code -> (that code, the user's code it replaced). A second model of a
+# class another mending rewrote finds that mending's code installed: its patch
+# records the user's code, so undoing the two in either order restores it.
+_ORIGINALS: dict[int, tuple[types.CodeType, types.CodeType]] = {}
+
+
 @dataclass
 class Patch:
     """One installed rewrite; enough to undo it exactly."""
@@ -69,6 +75,7 @@ class Patch:
 
     def uninstall(self) -> None:
         source.MENDED.pop(id(self.new_code), None)
+        _ORIGINALS.pop(id(self.new_code), None)
         for fn in self.located.functions:
             if fn.__code__ is self.new_code:
                 fn.__code__ = self.original_code
@@ -375,10 +382,13 @@ def install(located: Located, new_code: types.CodeType, node: FunctionNode) -> P
     previous = located.previous
     if previous is not None:
         source.MENDED.pop(id(previous.new_code), None)
+        _ORIGINALS.pop(id(previous.new_code), None)
+    original = previous.original_code if previous is not None else _ORIGINALS.get(id(located.code), (None, located.code))[1]
+    _ORIGINALS[id(new_code)] = (new_code, original)
     return Patch(
         located=located,
         new_code=new_code,
-        original_code=previous.original_code if previous is not None else located.code,
+        original_code=original,
         injected_runtime=previous.injected_runtime if previous is not None else injected,
         node=node,
         source=ast.unparse(node),

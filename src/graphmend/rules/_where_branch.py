@@ -379,6 +379,29 @@ class Speculation:
                 copy.deepcopy(exc),
                 Substitute(env).visit(copy.deepcopy(args)),
             ],
-            keywords=copy.deepcopy(call.keywords),  # keep=: attributes put back when it raises
+            keywords=_kept_as_at_check(call.keywords, env),
         )
         return ast.Expr(value=regated)
+
+
+def _kept_as_at_check(keywords: list[ast.keyword], env: dict[str, str]) -> list[ast.keyword]:
+    """A trap's ``keep=(self, names, tensor names)``, the attributes put back when
+    it raises, with the attributes the branch stored before the check: the
+    merged branch stores them after the trap, so the trap sets each to its
+    value at the check when it raises, as the original left it (``(name, value)``
+    pairs, ``runtime.records.stored_at_check``; a pair a merge inside the
+    branch already wrote stays)."""
+    keep = next((k.value for k in keywords if k.arg == "keep"), None)
+    parts = [copy.deepcopy(p) for p in keep.elts] if isinstance(keep, ast.Tuple) else [load_name("self"), _strings(()), _strings(())]
+    pairs = Substitute(env).visit(parts[3]).elts if len(parts) > 3 else []
+    paired = {p.elts[0].value for p in pairs}
+    stored = sorted(k[5:] for k in env if k.startswith("self.") and "." not in k[5:] and k[5:] not in paired)
+    pairs += [ast.Tuple(elts=[ast.Constant(n), select.ref(env[f"self.{n}"])], ctx=ast.Load()) for n in stored]
+    if not pairs:
+        return copy.deepcopy(keywords)
+    keep = ast.Tuple(elts=[*parts[:3], ast.Tuple(elts=pairs, ctx=ast.Load())], ctx=ast.Load())
+    return [k for k in copy.deepcopy(keywords) if k.arg != "keep"] + [ast.keyword(arg="keep", value=keep)]
+
+
+def _strings(values: tuple) -> ast.Tuple:
+    return ast.Tuple(elts=[ast.Constant(v) for v in values], ctx=ast.Load())

@@ -92,6 +92,7 @@ from graphmend.runtime.records import (
     _warn_now,
     flush,
     kept_attributes,
+    raise_if_set,
 )
 from graphmend.runtime.regions import (
     _ENABLED,
@@ -545,8 +546,7 @@ def trap(site: Site, flag: Any, exc_type: Any, args: tuple, keep: Any = None) ->
         _export_trap(site, flag, exc_type, args)
         return
     if not _recording():
-        if bool(flag):
-            raise exc_type(*_resolve(args))
+        raise_if_set(flag, exc_type, args, keep)
         return
     _push(Trap(site, flag, exc_type, _snap(args), kept_attributes(keep)))
 

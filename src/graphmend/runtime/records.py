@@ -79,20 +79,41 @@ class Trap(NamedTuple):
 
 
 def kept_attributes(keep: Any) -> tuple:
-    """``keep``, (obj, names, tensor names) or None: each attribute as it is
-    now, and a copy of the data of each tensor named or held by a named
+    """``keep``, (obj, names, tensor names[, stored]) or None: each attribute as
+    it is now, and a copy of the data of each tensor named or held by a named
     attribute (Trap.kept). A store after the check that [Where] rewrites once
     the check's trap is written may become a copy into the buffer it rebound
-    (``runtime.store``): putting the binding back alone would keep the new data."""
+    (``runtime.store``): putting the binding back alone would keep the new data.
+    ``stored``: see ``stored_at_check``."""
     if keep is None:
         return ()
-    obj, names, data = keep
-    kept = [(obj, name, hasattr(obj, name), getattr(obj, name, None)) for name in names]
+    obj, names, data = keep[:3]
+    values = dict(stored_at_check(keep))
+    now = [getattr(obj, name) for name in (*data, *values) if isinstance(getattr(obj, name, None), torch.Tensor)]
+    kept = [(obj, name, hasattr(obj, name), getattr(obj, name, None)) for name in names if name not in values]
+    kept += [(obj, name, True, value) for name, value in values.items()]
     tensors: list = []
-    for t in [getattr(obj, name) for name in data] + [v for _, _, _, v in kept if isinstance(v, torch.Tensor)]:
+    for t in now + [v for _, _, _, v in kept if isinstance(v, torch.Tensor)]:
         if not any(t is u for u in tensors):
             tensors.append(t)
     return tuple(kept + [(t, None, True, t.detach().clone()) for t in tensors])
+
+
+def stored_at_check(keep: Any) -> tuple:
+    """``keep``'s (name, value) pairs: an attribute a branch [Where] merged stores
+    before the check, and the value it has there in the original. The merged
+    branch stores it after the trap, so a trap that raises sets it first."""
+    return keep[3] if keep is not None and len(keep) > 3 else ()
+
+
+def raise_if_set(flag: Any, exc_type: Any, args: tuple, keep: Any) -> None:
+    """A trap outside a deferral region: raises now, as the original check, once
+    the attributes a merged branch stores only after it are set as the original
+    left them (``stored_at_check``)."""
+    if bool(flag):
+        for name, value in stored_at_check(keep):
+            setattr(keep[0], name, value)
+        raise exc_type(*_resolve(args))
 
 
 def _put_back(kept: tuple) -> None:
