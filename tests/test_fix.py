@@ -534,10 +534,10 @@ def test_portable_bart_fp16_patch_is_the_one_in_the_readme(tmp_path, capsys):
     assert "ran alone in a fresh process: 4 graph(s), as the original eagerly (torch only; the original compiles 8, the whole fix 1)" in err
     patch = (out / "transformers.patch").read_text()
     assert "graphmend" not in patch
-    with open(os.path.join(os.path.dirname(HERE), "README.md"), encoding="utf-8") as fh:
-        readme = fh.read()
-    shown = readme.split("```diff\n", 1)[1].split("```", 1)[0]
-    assert shown in patch  # the README's diff, line for line (context included)
+    with open(os.path.join(os.path.dirname(HERE), "docs", "cli.md"), encoding="utf-8") as fh:
+        doc = fh.read()
+    shown = doc.split("```diff\n", 1)[1].split("```", 1)[0]
+    assert shown in patch  # docs/cli.md's diff, line for line (context included)
     assert patch.count("\n@@ ") + patch.startswith("@@") == 1  # the one select: one hunk
     import transformers.models.bart.modeling_bart as bart
 

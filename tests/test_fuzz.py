@@ -211,6 +211,45 @@ def test_summary_counts_declines_by_reason():
     assert summary.declined == {"declined [where] `...` is assigned on one path only (line N)": 2}
 
 
+def test_summary_counts_sites_whose_break_another_mend_removed_apart():
+    """A site no rule mended whose break is gone (inside a mended branch) is `gone`: not
+    mended, but no break left; the decline rate counts only sites with their break left."""
+    from fuzz.runner import GONE, Result
+
+    summary = Summary()
+    summary.add(Result("a", "checked", outcomes=[
+        ("DC", "where", "applied", "early return predicated"),
+        ("DC", "where", GONE, "an early return inside a loop or block"),
+        ("DC", "where", "declined", "a while loop on a tensor value cannot be predicated"),
+        ("DC", "where", "applied", "if predicated"),
+    ]))
+    text = summary.render()
+    assert "sites mended: 2; sites not mended: 2, 1 of them with their break removed by another site's mend" in text
+    assert "sites not mended with their break left: 1 of 4 (25.0%)" in text
+
+
+def test_the_parts_of_a_run_check_what_the_whole_run_checks(tmp_path):
+    """`--chunks A:B` runs a part of a run; the parts, resumed in one folder, merge into the
+    summary the whole run gives (the same programs, drawn with the same seeds)."""
+    from fuzz.__main__ import parse, run_parallel
+
+    def run(folder, *extra):
+        args = parse([
+            "--programs", "4", "--chunk", "2", "--seed", "7", "--max-statements", "3", "--grad-every", "0",
+            "--aot-every", "0", "--inductor-every", "0", "--threads-every", "0", "--resume",
+            "--summary", str(tmp_path / folder / "summary.txt"), "--failures", str(tmp_path / folder / "failures"), *extra,
+        ])
+        return run_parallel(args)
+
+    first = run("parts", "--chunks", "0:1")
+    assert first is not None and first.programs == 2
+    parts = run("parts", "--chunks", "1:2")
+    whole = run("whole")
+    assert parts is not None and whole is not None
+    assert parts.render().splitlines()[1:] == whole.render().splitlines()[1:]  # all but the timing line
+    assert parts.programs == 4 and parts.status == whole.status
+
+
 def test_summary_counts_held_assert_choices_apart_from_verification_reverts():
     from fuzz.runner import Result
 

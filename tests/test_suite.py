@@ -6,7 +6,7 @@ from graphmend.tools import cli
 
 
 def test_quick_suite_rows_totals_json_and_chart(tmp_path, capsys):
-    out = tmp_path / "suite.json"
+    out = tmp_path / "build" / "suite.json"  # a folder not made yet: suite makes it (it crashed after the run)
     code = cli.main(["suite", "--quick", "--rows", "demo,biogpt", "--jobs", "2", "--json", str(out)])
     text = capsys.readouterr().out
     assert code == 0
@@ -20,7 +20,7 @@ def test_quick_suite_rows_totals_json_and_chart(tmp_path, capsys):
     assert totals["breaks_eliminated"] == totals["breaks_before"] - totals["breaks_after"] == 8
     assert totals["rows_fully_fixed"] == 2 and totals["rows_failed"] == 0
     assert "totals: breaks 8 -> 0" in text
-    png = tmp_path / "suite.png"
+    png = tmp_path / "build" / "suite.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
 
 

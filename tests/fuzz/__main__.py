@@ -6,6 +6,9 @@ seed ``seed * 1000 + c``); the parent merges their summaries as they go and
 writes the combined one. ``--resume`` continues an
 interrupted run with the same arguments and the same code (graphmend and the
 fuzzer, hashed): the programs already checked are drawn again, not rechecked.
+``--chunks A:B`` runs a part of a run too long for one sitting: chunks A to
+B-1, exactly as the whole run would check them; with ``--resume`` the parts
+finished in the same folder are kept and the summary merges them.
 
 With the threads arm on (``--threads-every``, default 4) every run goes
 through worker processes, one chunk included (it draws with ``seed``
@@ -46,6 +49,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress-every", type=int, default=100)
     parser.add_argument("--summary", default="build/fuzz-summary.txt", help="the summary so far, rewritten at each progress line")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run (same arguments and code)")
+    parser.add_argument(
+        "--chunks", default=None, metavar="A:B",
+        help="check only chunks A to B-1 of the run: a part of a run too long for one sitting (the parts of one"
+        " run, at one commit, check exactly the programs the whole run would)",
+    )
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # k/N: one worker of --jobs N
     parser.add_argument("--state", default=None, help=argparse.SUPPRESS)  # where a worker pickles its summary
     return parser.parse_args(argv)
@@ -56,7 +64,7 @@ RESTARTS = 5  # a chunk's worker is started again this many times after it died
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if (args.jobs > 1 or args.programs > args.chunk or args.threads_every > 0) and args.part is None:
+    if (args.jobs > 1 or args.programs > args.chunk or args.threads_every > 0 or args.chunks) and args.part is None:
         return _parallel(args)
 
     seed = args.seed
@@ -130,7 +138,9 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
     ``seed * 1000 + c``; with ``--resume`` finished chunks are kept and an
     interrupted one continues."""
     parts = _parts(args)
-    chunks = [(c, min(args.chunk, args.programs - c * args.chunk)) for c in range(-(-args.programs // args.chunk))]
+    total = -(-args.programs // args.chunk)
+    chunks = [(c, min(args.chunk, args.programs - c * args.chunk)) for c in range(total)]
+    first, last = (int(v) for v in args.chunks.split(":")) if args.chunks else (0, total)
     states = {c: os.path.join(parts, f"chunk-{c}.pkl") for c, _ in chunks}
     keys = {c: _key(argparse.Namespace(**{**vars(args), "programs": n}), args.seed * 1000 + c) for c, n in chunks}
     for name in os.listdir(parts):
@@ -140,7 +150,8 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
             if not args.resume or stale:  # another run's, or this code's no more
                 os.remove(os.path.join(parts, name))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    pending = [(c, n) for c, n in chunks if not _finished(states[c], n, keys[c])]
+    # A part (--chunks) runs its chunks; the summary merges every chunk of the run finished here.
+    pending = [(c, n) for c, n in chunks if first <= c < last and not _finished(states[c], n, keys[c])]
     running: list[tuple[int, subprocess.Popen, Any]] = []
     failed: list[int] = []
     restarts = {c: 0 for c, _ in chunks}
@@ -151,7 +162,7 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
         while pending and len(running) < args.jobs:
             c, count = pending.pop(0)
             command = [
-                sys.executable, "-m", "tests.fuzz", "--part", f"{c}/{len(chunks)}", "--state", states[c],
+                sys.executable, "-m", "tests.fuzz", "--part", f"{c}/{total}", "--state", states[c],
                 "--programs", str(count), "--seed", str(args.seed), "--grad-every", str(args.grad_every),
                 "--inductor-every", str(args.inductor_every), "--aot-every", str(args.aot_every),
                 "--threads-every", str(args.threads_every),

@@ -70,6 +70,7 @@ import graphmend
 from graphmend import runtime
 from graphmend.compat import release
 from graphmend.discover.trace import _function_name
+from graphmend.pipeline import GONE as _GONE_NOTE
 from graphmend.rewrite.verify import Observation, _detach, compare, fresh_once_caches, module_state, tensors_in
 
 try:  # pytest puts tests/ on sys.path; `python -m tests.fuzz` runs from the repository root
@@ -493,7 +494,10 @@ def _check(module: Any, program: Program, *, seed: int, start: int, grad: bool, 
         result.status = "mend-error"
         result.detail = "; ".join(str(w.message) for w in caught if "graphmend" in str(w.message))
         return result
-    result.outcomes = [(o.category, o.rule or "-", o.status, o.reason) for o in compiled.report.outcomes]
+    result.outcomes = [
+        (o.category, o.rule or "-", GONE if o.status != "applied" and _GONE_NOTE in o.notes else o.status, o.reason)
+        for o in compiled.report.outcomes
+    ]
     result.graphs = (compiled.report.before.graphs, compiled.report.after.graphs)
     result.kept = list(compiled.report.kept)
 
@@ -841,6 +845,9 @@ _MASKS = [
 ]
 
 
+GONE = "gone"  # a site no rule mended whose break another site's mend removed (a site inside a mended branch)
+
+
 def reason_class(reason: str) -> str:
     """A decline reason with names and numbers masked, for counting."""
     for pattern, repl in _MASKS:
@@ -940,11 +947,15 @@ class Summary:
         applied = sum(n for (_, s), n in self.status.items() if s == "applied")
         not_applied = sum(n for (_, s), n in self.status.items() if s != "applied")
         rate = self.seconds / max(self.programs, 1)
+        gone = sum(n for (_, s), n in self.status.items() if s == GONE)
+        left = not_applied - gone
         lines = [
             f"programs tried: {self.programs} ({self.checked} checked, {self.invalid} with no input valid eagerly)"
             f" in {self.seconds:.0f} s ({rate:.2f} s/program)",
-            f"sites mended: {applied}; sites not mended: {not_applied}"
-            f" | graphs on the example input: {self.graphs_before} -> {self.graphs_after}",
+            f"sites mended: {applied}; sites not mended: {not_applied}, {gone} of them with their break removed by"
+            f" another site's mend | graphs on the example input: {self.graphs_before} -> {self.graphs_after}",
+            f"sites not mended with their break left: {left} of {applied + not_applied}"
+            f" ({100 * left / max(applied + not_applied, 1):.1f}%)",
             "by rule and status: " + ", ".join(f"{r} {s} {n}" for (r, s), n in sorted(self.status.items())),
             "sites not mended, by reason:",
             *[f"  {n:6d}  {reason}" for reason, n in self.declined.most_common()],

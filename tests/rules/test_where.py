@@ -139,6 +139,50 @@ def test_a_return_in_some_branches_predicates_the_rest_of_the_function_for_the_o
     assert dc.status == "applied", dc
 
 
+NAN = torch.full((2, 4), float("nan"))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize(
+    "cls, inputs",
+    [
+        (B.EarlyReturns, [(P,), (N,), (P * 0.01,), (NAN,)]),
+        (B.ReturnInNestedIf, [(P,), (P * 0.05,), (P * 0.6,), (N,)]),
+    ],
+    ids=["EarlyReturns", "ReturnInNestedIf"],
+)
+def test_returns_before_the_end_of_a_path_become_one_return_and_every_path_is_selected(cls, inputs, grad):
+    """Early returns in a row, and a return in a nested if: each path computed and one value
+    selected; one graph without autograd, and outputs (and input gradients) as the original's
+    on inputs taking every path. Under autograd a nested if runs the original branches: as
+    many graphs as plain torch.compile of the original."""
+    plain = CountingBackend()
+    _compiled_results(torch.compile(cls(), backend=plain), inputs, grad)
+    assert len(plain.graphs) > 1
+    report = _same_as_original(cls, inputs, grad=grad, graphs=len(plain.graphs) if grad else 1)
+    assert report.outcomes[0].status == "applied", report.outcomes
+    for other in report.outcomes[1:] if not grad else []:  # a site inside the first: its break is gone with it
+        assert other.status == "applied" or "another site's mend removed it" in " ".join(other.notes), other
+
+
+def test_a_trapped_check_with_a_guarded_message_in_the_rest_fires_only_on_its_path():
+    """Found by the fuzzer (seed 2401): a check [Trap] rewrote with guards of its message
+    (`is_kind`, `nonempty`) in the rest after an early return was not recognised as a
+    trapped check, and the early return declined. Now one graph; outputs, and the
+    exception's type and message where the rest's check fails, as eager's."""
+    bad = N.clone()
+    bad[0, 0] = float("nan")
+    model = B.CheckWithMessageAfterEarlyReturn()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(N,))
+    assert [o.status for o in compiled.report.outcomes] == ["applied", "applied"], compiled.report.outcomes
+    for x in (P, N, bad, P):
+        expected, got = run(B.CheckWithMessageAfterEarlyReturn(), x), run(compiled, x)
+        assert expected.exception == got.exception and (x is bad) == (got.exception is not None), got.exception
+        assert x is bad or bits_equal(expected.output, got.output)
+    assert got.exception is None and len(backend.graphs) == 1
+
+
 def test_an_early_return_inside_a_loop_is_declined():
     model = B.EarlyReturnInLoop()
     report = graphmend.mend(model, N)
@@ -692,19 +736,31 @@ def test_a_torch_cond_after_an_attribute_store_is_declined():
     assert result.mismatches == [], result.mismatches[:2]
 
 
-def test_an_early_return_whose_rest_stores_an_attribute_in_a_nested_if_is_declined():
+def test_an_early_return_whose_rest_stores_an_attribute_in_a_nested_if_stores_it():
     """Found by the fuzzer (seed 22): `if h.max() > 1 and h.min() < 0: return h + s` with
     `self.last = ...` in an `if/elif` after it. The rest was predicated with the nested if
     as a select, and the selected `self.last` was never stored: on an input taking the
-    rest, `last` kept its earlier value in every arm. The return form now declines a
-    branch that stores an attribute anywhere in it, nested ifs included."""
+    rest, `last` kept its earlier value in every arm. The return form now selects the
+    attributes each path stores and stores them: one graph, outputs and the buffer as
+    eager's after every call, on every path (early return, store, neither)."""
+    model, twin = B.EarlyReturnRestStores(), B.EarlyReturnRestStores()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(N,))
+    (dc, *_) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied" and "the attributes a path stores are selected too" in dc.reason, dc
+    for x in (P, N, P * 0.8, P * 0.1, P * 0.9, P * 0.8):
+        with torch.no_grad():
+            expected, got = twin(x), compiled(x)
+        assert bits_equal(expected, got) and bits_equal(twin.last, model.last), (x, twin.last, model.last)
+    assert len(backend.graphs) == 1
+
+
+def test_the_fuzz_program_whose_early_return_lost_a_store_matches_eager():
+    """The fuzzer's program for the bug above: no mismatch on any arm."""
     from fuzz.runner import check_program
 
     result = check_program(fixture_program("fuzz_early_return_rest_stores.py"), seed=44899, start=7, aot=True)
     assert result.status == "checked"
-    assert ("where", "declined", "a branch that returns also stores an attribute") in [
-        (rule, status, r) for _, rule, status, r in result.outcomes
-    ], result.outcomes
     assert result.mismatches == [], result.mismatches[:2]
 
 
@@ -1401,7 +1457,44 @@ GOLDEN = [
         """,
     ),
     golden.case(
-        "early-return-whose-rest-stores-an-attribute-in-a-nested-if",
+        "early-returns-in-a-row-become-one-return-each-path-selected",
+        """
+        def f(x):
+            if x.max() > 2:  # <-
+                return x * 0
+            if x.min() < -2:
+                return x * 2
+            y = x + 1
+            return y
+        """,
+        rewritten="""
+        def f(x):
+            _gm_c0 = x.max() > 2
+            if __graphmend_rt__.predicable(_gm_c0):
+                _gm_t0 = x * 0
+                _gm_c1 = x.min() < -2
+                _gm_f0 = x * 2
+                _gm_f1 = x + 1
+                _gm_f2 = _gm_f1
+                if __graphmend_rt__.predicable(_gm_c1) and __graphmend_rt__.same_meta(_gm_f0, _gm_f2):
+                    _gm_f3 = torch.where(_gm_c1, _gm_f0, _gm_f2)
+                    _gm_f4 = _gm_f3
+                    if __graphmend_rt__.same_meta(_gm_t0, _gm_f4):
+                        return __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f4)
+                    else:
+                        return _gm_t0 if _gm_c0 else _gm_f4
+                elif _gm_c0:
+                    return x * 0
+            elif _gm_c0:
+                return x * 0
+            if x.min() < -2:
+                return x * 2
+            y = x + 1
+            return y
+        """,
+    ),
+    golden.case(
+        "early-return-whose-rest-stores-an-attribute-in-a-nested-if-selects-the-store",
         """
         def f(self, x):
             if x.max() > 2:  # <-
@@ -1410,7 +1503,45 @@ GOLDEN = [
                 self.last = x.sum()
             return x * 2
         """,
-        declined="a branch that returns also stores an attribute",
+        rewritten="""
+        def f(self, x):
+            _gm_c0 = x.max() > 2
+            if __graphmend_rt__.predicable(_gm_c0) and __graphmend_rt__.is_kind(x, 'floating'):
+                _gm_t0 = x * 0
+                _gm_c1 = x.mean() < 0.5
+                _gm_f0 = x.sum()
+                if __graphmend_rt__.predicable(_gm_c1) and __graphmend_rt__.same_meta(_gm_f0, self.last):
+                    _gm_f1 = torch.where(_gm_c1, _gm_f0, self.last)
+                    _gm_f2 = x * 2
+                    if __graphmend_rt__.same_meta(_gm_t0, _gm_f2) and __graphmend_rt__.same_meta(self.last, _gm_f1):
+                        __graphmend_rt__.store(self, 'last', torch.where(_gm_c0, self.last, _gm_f1))
+                        return __graphmend_rt__.select(_gm_c0, _gm_t0, _gm_f2)
+                    else:
+                        if _gm_c0:
+                            pass
+                        else:
+                            self.last = _gm_f1
+                        return _gm_t0 if _gm_c0 else _gm_f2
+                elif _gm_c0:
+                    return x * 0
+            elif _gm_c0:
+                return x * 0
+            if x.mean() < 0.5:
+                self.last = x.sum()
+            return x * 2
+        """,
+    ),
+    golden.case(
+        "a-store-to-an-attribute-the-model-does-not-have-yet-is-not-selected",
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                if x.mean() < 0.5:  # <-
+                    self.last = x.sum()
+                    x = x + 1
+                return x * 2
+        """,
+        declined="torch.where: `self.last` is not set on the model before the if: the select would read it where the original does not; torch.cond: a branch holds a statement other than an assignment to a name",
     ),
     golden.case(
         "early-return-when-the-function-falls-off-its-end",

@@ -93,6 +93,43 @@ def as_written(block: list[ast.stmt], ctx: RewriteContext) -> list[ast.stmt]:
     return out
 
 
+def one_return(block: list[ast.stmt], ctx: RewriteContext) -> list[ast.stmt]:
+    """A path ending in ``return v`` with an ``if`` before its end some of whose
+    branches return: each branch that does not continues with the statements after
+    the ``if``, every path assigns one fresh name instead of returning, and the path
+    returns that name; nested ``if``s likewise. ``[p; if c: return a; q; return b]``
+    -> ``[p; if c: r = a else: q; r = b; return r]``. Unchanged when a return sits
+    anywhere else (in a loop): the caller declines it. An ``if`` an earlier
+    [Where] site of this pass rewrote is read as written."""
+    written = as_written(block, ctx)
+    for index, node in enumerate(written[:-1]):
+        if not (isinstance(node, ast.If) and select.has_return([node])):
+            continue
+        if not select.returns_a_value(written) or select.has_return(written[:index]):
+            return block
+        rest = written[index + 1 :]
+        name = ctx.fresh("r")
+
+        def path(branch: list[ast.stmt]) -> list[ast.stmt]:
+            whole = one_return(branch if select.returns_a_value(branch) else [*branch, *copy.deepcopy(rest)], ctx)
+            *setup, last = whole
+            if not isinstance(last, ast.Return) or last.value is None or select.has_return(setup):
+                raise _Unflattened
+            return [*setup, ast.copy_location(assign_to(store_name(name), last.value), last)]
+
+        try:
+            branches = path(node.body), path(node.orelse)
+        except _Unflattened:
+            return block
+        flat = ast.copy_location(ast.If(test=node.test, body=branches[0], orelse=branches[1]), node)
+        return [*written[:index], flat, ast.copy_location(ast.Return(value=load_name(name)), written[-1])]
+    return block
+
+
+class _Unflattened(Exception):
+    """A return ``one_return`` cannot move to the end of its path."""
+
+
 def has_nested_if(block: list[ast.stmt], ctx: RewriteContext) -> bool:
     """Whether a branch holds an ``if`` (as written) other than a check [Trap] wrote."""
     return any(

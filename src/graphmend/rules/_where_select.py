@@ -237,12 +237,18 @@ def other_statement(node: ast.stmt) -> str:
 
 
 def _message_guard(node: ast.expr) -> bool:
-    """``__graphmend_rt__.nonempty(t)`` or ``has_dims(t, n)``: a guard [Trap] adds for its message."""
-    return is_runtime_call(node, "nonempty", "has_dims")
+    """``__graphmend_rt__.nonempty(t)``, ``has_dims(t, n)``, ``is_kind(t, ...)``...: a guard
+    [Trap] adds for its message (``_predicate.add_guards`` makes these)."""
+    return is_runtime_call(node, "nonempty", "has_dims", "is_kind", "broadcastable", "broadcasts_to")
 
 
 def returns_a_value(block: list[ast.stmt]) -> bool:
     return bool(block) and isinstance(block[-1], ast.Return) and block[-1].value is not None
+
+
+def has_return(block: list[ast.stmt]) -> bool:
+    return any(isinstance(node, ast.Return) for stmt in block for node in ast.walk(stmt))
+
 
 
 def placed(out: list[ast.stmt], origin: ast.stmt) -> list[ast.stmt]:

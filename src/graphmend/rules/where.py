@@ -8,7 +8,9 @@ A Python ``if`` whose test is a tensor:
 * an early return, ``if c: return a`` at the top level of the function,
   followed by assignments and ``return b``: the rest of the function is
   computed too and one value selected (the original rest stays after it, for
-  calls the guards send to the original); likewise when some branches of an
+  calls the guards send to the original). Early returns in a row, and a
+  return in a nested ``if``, become one return: each path assigns one fresh
+  name, the way it would have ended (``_where_branch.one_return``). Likewise when some branches of an
   ``if/else`` or ``elif`` chain return and the others do not: those continue
   with the rest of the function (its prints performed only on their path);
 * ``if/elif/.../else`` chains of any length of either kind, as nested
@@ -89,7 +91,9 @@ a branch would lose a later ``self.count += 1``).
   classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13)
   then drops the attribute stores made after the cond (measured with
   hand-written ``torch.cond``);
-- a name assigned on one path only and read after the ``if``;
+- a name assigned on one path only and read after the ``if``; a
+  ``self.<attr>`` store where no module of the model has that attribute yet
+  (the select reads it on every call) or it holds a Python number;
 - a selected name updated in place after the ``if`` (``h.add_(1)``,
   ``h[0] = 0``, ``h += 1``): the select makes a new tensor, where the
   original path kept the one it assigned, which other names (the caller's
@@ -124,6 +128,8 @@ from __future__ import annotations
 
 import ast
 import copy
+
+import torch
 
 from graphmend.analysis.facts import (
     FunctionFacts,
@@ -162,7 +168,12 @@ from graphmend.rules._predicate import (
     pre_guarded,
     when_ok,
 )
-from graphmend.rules._where_branch import Speculation, fill_fallback, has_nested_if
+from graphmend.rules._where_branch import (
+    Speculation,
+    fill_fallback,
+    has_nested_if,
+    one_return,
+)
 from graphmend.rules._where_call import TrailingCallForm
 from graphmend.rules._where_cond import CondForm
 from graphmend.rules._where_select import Arm
@@ -358,7 +369,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         that does not return followed by those statements (its path to the end).
         None when every branch returns or none does."""
         returning = [select.returns_a_value(block) for block in blocks]
-        if all(returning) or not any(returning):
+        if all(returning) or not any(select.has_return(block) for block in blocks):
             return None
         index = next((i for i, node in enumerate(ctx.fdef.body) if node is stmt), None)
         if index is None:
@@ -366,10 +377,10 @@ class Where(CondForm, TrailingCallForm, Rule):
         rest = ctx.fdef.body[index + 1 :]
         if not select.returns_a_value(rest):
             raise Decline("an early return where the function does not end in `return <value>`")
-        before_end = [s for block, done in zip(blocks, returning) for s in (block[:-1] if done else block)]
-        if any(isinstance(n, ast.Return) for s in before_end for n in ast.walk(s)):
-            raise Decline("a return before the end of a branch")
-        return [block if done else [*block, *rest] for block, done in zip(blocks, returning)]
+        paths = [one_return(block if done else [*block, *rest], ctx) for block, done in zip(blocks, returning)]
+        if any(select.has_return(path[:-1]) for path in paths):
+            raise Decline("a return before the end of a branch, not under an if")
+        return paths
 
     def _returns(
         self,
@@ -388,20 +399,22 @@ class Where(CondForm, TrailingCallForm, Rule):
         spec = Speculation(facts, bound, ctx, body, guards, proof)
         is_function = select.functions(facts, ctx)
         conds = [cond for cond, _ in arms if cond is not None]
-        grad = not any(has_nested_if(block, ctx) for _, block in arms)  # gates know assignments only
+        # Gates know assignments only; an attribute store under autograd would keep a graph in the module.
+        grad = not any(has_nested_if(block, ctx) or any(isinstance(n, ast.Attribute) for n in stores(block)) for _, block in arms)
         reaches = []
+        envs = []
         prior = prior_reach(ctx.fdef.body, stmt, facts.assignments, is_function)  # what names before the if reach
         for index, (_, block) in enumerate(arms):
-            *setup, ret = block
+            *setup, ret = one_return(block, ctx)
+            if select.has_return(setup):
+                raise Decline("a return before the end of a branch, not under an if")
             assert isinstance(ret, ast.Return) and ret.value is not None
             assignments = select.assigned(setup)
-            # Nested ifs included: a returning form returns a value and stores nothing.
-            if any(isinstance(node, ast.Attribute) for node in stores(setup)):
-                raise Decline("a branch that returns also stores an attribute")
             when = select.taken(conds, index, ctx)
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
             stem = select.side(index, len(arms))
             env = spec.branch(setup, stem, when, gates)
+            envs.append(env)
             empty = Emptiness(proof.nonempty - set(env), frozenset(bound) - set(env), **vars(spec.dtypes(env)))
             for reason in speculation_blockers(ret.value, facts, bound | set(env), empty):
                 raise Decline(f"a returned value: {reason}")
@@ -415,15 +428,45 @@ class Where(CondForm, TrailingCallForm, Rule):
         chosen = load_name(values[-1])
         for cond, value in reversed(list(zip(conds, values))):
             chosen = ast.IfExp(test=load_name(cond), body=load_name(value), orelse=chosen)
+        checks, selected_stores, path_stores = self._attribute_stores(envs, conds, ctx)
         spec.out.extend(spec.pending)
         spec.out.append(
             ast.If(
-                test=all_of(same),
-                body=[ast.Return(value=select.selected(conds, [load_name(v) for v in values], ctx, grad=True))],
-                orelse=[ast.Return(value=chosen)],
+                test=all_of(same + checks),
+                body=[*selected_stores, ast.Return(value=select.selected(conds, [load_name(v) for v in values], ctx, grad=True))],
+                orelse=[*path_stores, ast.Return(value=chosen)],
             )
         )
         return body, checked_at_run_time(reaches) if grad else None
+
+    def _attribute_stores(
+        self, envs: list[dict[str, str]], conds: list[str], ctx: RewriteContext
+    ) -> tuple[list[ast.expr], list[ast.stmt], list[ast.stmt]]:
+        """The ``self.<attr>`` values the paths of a returning form store: the checks that
+        their select is exact, the selected stores, and the stores of the path taken alone
+        (where a check fails)."""
+        checks: list[ast.expr] = []
+        selected: list[ast.stmt] = []
+        plain: list[list[ast.stmt]] = [[] for _ in envs]
+        for target in dict.fromkeys(t for env in envs for t in env if t.startswith("self.")):
+            _selectable_attribute(target, ctx)
+            values = [env.get(target, target) for env in envs]
+            refs = [select.ref(v) for v in values]
+            checks += [
+                ast.Call(func=ctx.runtime("same_meta"), args=[copy.deepcopy(refs[0]), copy.deepcopy(r)], keywords=[])
+                for r, v in zip(refs[1:], values[1:]) if v != values[0]
+            ]
+            selected.append(self._store_stmt(target, select.selected(conds, refs, ctx, grad=False), ctx))
+            for index, value in enumerate(values):
+                if value != target:
+                    plain[index].append(self._store_stmt(target, select.ref(value), ctx, plain=True))
+        taken: list[ast.stmt] = []
+        if selected:
+            taken = plain[-1]
+            for cond, block in reversed(list(zip(conds, plain))):
+                taken = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=taken)]
+            ctx.notes.append("the attributes a path stores are selected too")
+        return checks, selected, taken
 
     # The torch.cond form (CondForm) and the trailing-call forms (TrailingCallForm)
     # are in _where_cond.py and _where_call.py.
@@ -471,8 +514,8 @@ class Where(CondForm, TrailingCallForm, Rule):
         selects: list[tuple[str, list[str]]] = []  # (target, its value on each path: a temp, or the target unchanged)
         for target in targets:
             is_attr = target.startswith("self.")
-            if is_attr and any(type(v) in (bool, int, float) for v in ctx.attribute_values(target[5:])):
-                raise Decline(f"`{target}` holds a Python number: a select needs a tensor (the original would always run)")
+            if is_attr:
+                _selectable_attribute(target, ctx)
             pre_bound = is_attr or target in bound
             if not pre_bound and not all(target in env for env in envs):
                 if live_after(ctx.fdef, stmt, target):
@@ -543,3 +586,14 @@ class Where(CondForm, TrailingCallForm, Rule):
             )
             return ast.Expr(value=call)
         return assign_to(store_name(target), value)
+
+
+def _selectable_attribute(target: str, ctx: RewriteContext) -> None:
+    """Decline a ``self.<attr>`` select the live model cannot take: the attribute holds a
+    Python number, or no module has it yet (the select reads it on every call, where the
+    original read it only on the path that stores it)."""
+    values = ctx.attribute_values(target[5:])
+    if any(type(v) in (bool, int, float) for v in values):
+        raise Decline(f"`{target}` holds a Python number: a select needs a tensor (the original would always run)")
+    if isinstance(ctx.model, torch.nn.Module) and not values:
+        raise Decline(f"`{target}` is not set on the model before the if: the select would read it where the original does not")

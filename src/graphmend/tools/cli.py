@@ -177,6 +177,16 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return EXIT_ERROR if any(not arm.get("ok") for r in reports for arm in r.arms.values()) else EXIT_CLEAN
 
 
+def _json_folder(path: str | None) -> None:
+    """The folder ``--json PATH`` writes to, made before the run (not an error after an hour)."""
+    folder = os.path.dirname(path) if path else ""
+    try:
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise GraphmendError(f"--json {path}: cannot make its folder: {exc.strerror}") from None
+
+
 def cmd_suite(ns: argparse.Namespace) -> int:
     from rich.progress import Progress
 
@@ -184,6 +194,7 @@ def cmd_suite(ns: argparse.Namespace) -> int:
     from graphmend.tools.suite import default_rows, run_suite, write_chart
 
     check_environment()
+    _json_folder(ns.json)
     rows = [r.strip() for r in ns.rows.split(",")] if ns.rows else default_rows()
     known = set(default_rows())
     unknown = [r for r in rows if r not in known]
@@ -213,6 +224,7 @@ def cmd_survey(ns: argparse.Namespace) -> int:
     check_environment()
     if ns.library not in LIBRARIES:
         raise GraphmendError(f"unknown library {ns.library!r}; libraries are {', '.join(LIBRARIES)}")
+    _json_folder(ns.json)
     models = [m.strip() for m in ns.models.split(",")] if ns.models else models_of(ns.library, ns.long)
     with Progress(transient=True) as bar:
         task = bar.add_task(f"survey {ns.library}", total=len(models))
