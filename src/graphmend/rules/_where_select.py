@@ -250,6 +250,23 @@ def has_return(block: list[ast.stmt]) -> bool:
     return any(isinstance(node, ast.Return) for stmt in block for node in ast.walk(stmt))
 
 
+def same_meta_checks(values: list[str], ctx: RewriteContext) -> list[ast.expr]:
+    """``runtime.same_meta(first, other)`` for each other value a target takes on the
+    paths (a temp, or the target unchanged): the select of them neither broadcasts nor promotes."""
+    return [
+        ast.Call(func=ctx.runtime("same_meta"), args=[ref(values[0]), ref(v)], keywords=[])
+        for v in dict.fromkeys(values[1:])
+        if v != values[0]
+    ]
+
+
+def by_path(conds: list[str], blocks: list[list[ast.stmt]]) -> list[ast.stmt]:
+    """Each path's statements under the tests that choose it: ``if c0: B0 elif c1: B1 else: E``."""
+    chain = blocks[-1]
+    for cond, block in reversed(list(zip(conds, blocks))):
+        chain = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=chain)]
+    return chain
+
 
 def placed(out: list[ast.stmt], origin: ast.stmt) -> list[ast.stmt]:
     for node in out:

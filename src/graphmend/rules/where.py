@@ -377,10 +377,7 @@ class Where(CondForm, TrailingCallForm, Rule):
         rest = ctx.fdef.body[index + 1 :]
         if not select.returns_a_value(rest):
             raise Decline("an early return where the function does not end in `return <value>`")
-        paths = [one_return(block if done else [*block, *rest], ctx) for block, done in zip(blocks, returning)]
-        if any(select.has_return(path[:-1]) for path in paths):
-            raise Decline("a return before the end of a branch, not under an if")
-        return paths
+        return [block if done else [*block, *rest] for block, done in zip(blocks, returning)]  # _returns flattens
 
     def _returns(
         self,
@@ -451,22 +448,16 @@ class Where(CondForm, TrailingCallForm, Rule):
         for target in dict.fromkeys(t for env in envs for t in env if t.startswith("self.")):
             _selectable_attribute(target, ctx)
             values = [env.get(target, target) for env in envs]
-            refs = [select.ref(v) for v in values]
-            checks += [
-                ast.Call(func=ctx.runtime("same_meta"), args=[copy.deepcopy(refs[0]), copy.deepcopy(r)], keywords=[])
-                for r, v in zip(refs[1:], values[1:]) if v != values[0]
-            ]
-            selected.append(self._store_stmt(target, select.selected(conds, refs, ctx, grad=False), ctx))
+            checks += select.same_meta_checks(values, ctx)
+            chosen = select.selected(conds, [select.ref(v) for v in values], ctx, grad=False)
+            selected.append(self._store_stmt(target, chosen, ctx))
             for index, value in enumerate(values):
                 if value != target:
                     plain[index].append(self._store_stmt(target, select.ref(value), ctx, plain=True))
-        taken: list[ast.stmt] = []
-        if selected:
-            taken = plain[-1]
-            for cond, block in reversed(list(zip(conds, plain))):
-                taken = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=taken)]
-            ctx.notes.append("the attributes a path stores are selected too")
-        return checks, selected, taken
+        if not selected:
+            return [], [], []
+        ctx.notes.append("the attributes a path stores are selected too")
+        return checks, selected, select.by_path(conds, plain)
 
     # The torch.cond form (CondForm) and the trailing-call forms (TrailingCallForm)
     # are in _where_cond.py and _where_call.py.
@@ -534,13 +525,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             return body, []
         if not selects:
             raise Decline("the branches only assign temporaries")
-        meta_checks = [
-            ast.Call(func=ctx.runtime("same_meta"), args=[select.ref(values[0]), select.ref(v)], keywords=[])
-            for _, values in selects
-            for v in dict.fromkeys(values[1:])
-            if v != values[0]
-        ]
-        guard = all_of(meta_checks)
+        guard = all_of([check for _, values in selects for check in select.same_meta_checks(values, ctx)])
         predicated: list[ast.stmt] = []
         chosen: list[list[ast.stmt]] = [[] for _ in arms]
         for target, values in selects:
@@ -553,9 +538,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             for index, value in enumerate(values):
                 if value != target:
                     chosen[index].append(self._store_stmt(target, select.ref(value), ctx, plain=True))
-        plain: list[ast.stmt] = chosen[-1]
-        for cond, block in reversed(list(zip(conds, chosen))):
-            plain = [ast.If(test=load_name(cond), body=block or [ast.Pass()], orelse=plain)]
+        plain = select.by_path(conds, chosen)
         if inplace:  # the values computed are pure: the original statements run instead (effects too)
             plain = [select.original(arms)]
             predicated[:0] = spec.pending
