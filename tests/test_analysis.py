@@ -175,3 +175,62 @@ def _assignments(fdef):
     from graphmend.analysis.facts import FunctionFacts
 
     return FunctionFacts.of(fdef, {}, {n.id for n in ast.walk(fdef) if isinstance(n, ast.Name)}).assignments
+
+
+CALLEE = """
+import torch
+
+def lengths_mask(slen, lengths):
+    alen = torch.arange(slen)
+    assert lengths.max().item() <= slen
+    return alen[None, :] < lengths[:, None]
+
+def rebinding(slen, lengths):
+    lengths = lengths.clone()
+    assert lengths.max().item() <= slen
+    return lengths
+"""
+
+IMPLIED = [
+    ("assert lengths.max().item() <= n\n    m = lengths_mask(n, lengths)", "lengths_mask", True),
+    ("assert lengths.max().item() <= n\n    n = n\n    m = lengths_mask(n, lengths)", "lengths_mask", False),
+    ("assert lengths.max().item() < n\n    m = lengths_mask(n, lengths)", "lengths_mask", False),
+    ("assert lengths.max().item() <= n\n    m = lengths_mask(n, lengths + 0)", "lengths_mask", False),
+    ("assert lengths.max().item() <= n\n    m = lengths_mask(n, lengths, f(lengths))", "lengths_mask", False),
+    ("assert lengths.max().item() <= n\n    m = rebinding(n, lengths)", "rebinding", False),
+]
+
+
+@pytest.mark.parametrize("caller, callee, implied", IMPLIED)
+def test_a_check_the_caller_made_just_before_the_call_cannot_fail_first(tmp_path, caller, callee, implied):
+    """analysis.implied: only the same assert, on the names the call passes, right
+    before a call that evaluates nothing else, with a callee that rebinds nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from graphmend.analysis.implied import implied_by_caller
+
+    path = tmp_path / "caller.py"
+    path.write_text(f"def forward(lengths, n):\n    {caller}\n    return m\n")
+    tree = ast.parse(CALLEE)
+    fdef = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == callee)
+    check = next(s for s in fdef.body if isinstance(s, ast.Assert))
+    frame = SimpleNamespace(file=str(path), line=len(caller.splitlines()) + 1, function="forward")
+    assert implied_by_caller(check, fdef, {"torch": torch}, frame) is implied
+
+
+def test_what_a_fresh_local_holds_is_passed_fresh():
+    """`layer(h, cache=cache[i])`, `cache.store`: what a value made in the call holds
+    is passed as fresh as the value itself (analysis.aliasing.fresh_arguments)."""
+    from graphmend.analysis.aliasing import fresh_arguments
+
+    def layer(h, cache=None, other=None):
+        return h
+
+    call = ast.parse("layer(h, cache=cache[i], other=shared.store)").body[0].value
+    fresh, _ = fresh_arguments(call, layer, {"cache"}, bound=False)
+    assert fresh == frozenset({"cache"})
+    call = ast.parse("layer(h, cache=cache.store, other=shared[0])").body[0].value
+    fresh, _ = fresh_arguments(call, layer, {"cache", "h"}, bound=False)
+    assert fresh == frozenset({"h", "cache"})

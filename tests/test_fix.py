@@ -547,3 +547,63 @@ def test_portable_bart_fp16_patch_is_the_one_in_the_readme(tmp_path, capsys):
     subprocess.run(["patch", "-p1", "-s", "-i", str(out / "transformers.patch")], cwd=tmp_path / "tree", check=True)
     patched = (tree / "modeling_bart.py").read_text()
     assert "torch.logical_or(torch.isinf(hidden_states).any(), torch.isnan(hidden_states).any())," in patched
+
+
+CACHED = '''import torch
+from torch import nn
+
+
+class Parts:
+    def __init__(self):
+        self.items = []
+
+    def update(self, h):
+        self.items.append(h)
+        return h
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, h, cache=None):
+        if cache is not None:
+            h = cache.update(h)
+        return self.lin(h)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x, cache=None):
+        """Checks, then fills the cache."""
+        if cache is None:
+            cache = Parts()
+        assert x.abs().max().item() < 100
+        for block in self.blocks:
+            x = block(x, cache=cache)
+        return x
+
+
+def build():
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 4),)
+'''
+
+
+def test_a_check_trapped_where_a_parameter_was_none_is_written_with_its_entry_test(tmp_path):
+    """[Trap]'s test of a parameter at entry (`cache_was_none = cache is None`) goes
+    after the docstring, and the written file runs alone as the original does."""
+    path = tmp_path / "cached.py"
+    path.write_text(CACHED)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
+    assert (report.mend.before.breaks, report.mend.after.breaks, report.mend.verified) == (1, 0, True)
+    assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
+    [change] = report.changes
+    assert '        """Checks, then fills the cache."""\n        cache_was_none = cache is None\n' in change.new
+    assert "            if cache_was_none and gm.trappable(cond):\n" in change.new
+    assert "                assert gm.held(x.abs().max().item() < 100)\n" in change.new  # as written (runtime.held)

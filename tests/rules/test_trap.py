@@ -1490,3 +1490,30 @@ def test_two_models_of_one_class_mended_in_turn_unmend_to_the_users_code_in_any_
         for model in (first, second) if order == "first_then_second" else (second, first):
             graphmend.unmend(model)
     assert StoreThenCheckInMergedBranch.forward.__code__ is original
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_check_before_writes_to_a_cache_made_in_the_call_is_trapped_where_none_was_passed(grad):
+    """XLM on transformers 5.x: the layers after the check write to `cache`, which
+    the forward makes when the caller passes none. Trapped in those calls (one
+    graph; the same check again in a helper it calls right after is settled by
+    the first); a call given a cache runs the check as written, so a failing
+    check leaves the caller's cache unwritten, as eager does."""
+    reference, model = _seeded(G.CheckThenCache), _seeded(G.CheckThenCache)
+    x, good, bad = torch.randn(2, 3, 4), torch.tensor([3, 2]), torch.tensor([4, 2])
+    backend = CountingBackend()
+    with torch.set_grad_enabled(grad):
+        compiled = graphmend.compile(model, backend=backend, example_inputs=(x, good))
+    assert [(o.rule, o.status) for o in compiled.report.outcomes] == [("trap", "applied"), ("trap", "applied")]
+    assert compiled.report.before.graphs == 4 and compiled.report.after.graphs == 1
+    for lengths in (good, bad, good):
+        expected, got = run(reference, x, lengths), run(compiled, x, lengths)
+        assert got.exception == expected.exception
+        if expected.exception is None:
+            assert bits_equal(expected.output, got.output)
+        theirs, ours = G.PartsCache(), G.PartsCache()
+        expected, got = run(reference, x, lengths, cache=theirs), run(compiled, x, lengths, cache=ours)
+        assert got.exception == expected.exception
+        assert len(ours.store.items) == len(theirs.store.items) == (0 if expected.exception else 2)
+        assert all(bits_equal(a, b) for a, b in zip(theirs.store.items, ours.store.items))
+    assert run(reference, x, bad).exception == ("AssertionError", "")

@@ -1639,3 +1639,52 @@ def test_a_reduction_the_empty_input_never_reached_is_guarded():
         for x in (P, N, empty):
             original(x)
     assert len(backend.graphs) <= len(plain.graphs)
+
+
+def test_a_selected_name_a_caller_updates_in_place_is_declined_in_the_fuzz_program():
+    """Found by the fuzzer (5,000-program run, seed 24): `helper2` selected `h` and returned it
+    as it is; the caller's `h.add_(1)` then changed the select's new tensor, not tanh's saved
+    output, so the mended program's backward ran where eager's raises. Now declined with the
+    caller named; no mismatch on any arm."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_select_returned_then_updated.py"), seed=37645, start=6, grad=True, aot=True)
+    assert result.status == "checked"
+    reasons = [r for _, rule, status, r in result.outcomes if rule == "where" and status == "declined"]
+    assert any("`h` is returned as it is and the caller at" in r and "updates it in place" in r for r in reasons), reasons
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+def _forward_backward(model, x, grad):
+    x = x.clone().requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        try:
+            out = model(x)
+            if grad:
+                out.sum().backward()
+        except RuntimeError as exc:
+            return "RuntimeError", "modified by an inplace operation" in str(exc)
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_helper_result_its_caller_updates_in_place_keeps_the_original_and_one_it_computes_with_is_selected(grad):
+    """`h = helper(x); h.add_(1)`: the helper's select would hand back a new tensor where the
+    original handed back tanh's output (under grad, saved: eager's backward raises); declined,
+    outputs, gradients and the error as eager's. `h = helper(x); return h * 2`: selected.
+    (Expected values are taken before mending: a mend patches the helper for every caller.)"""
+    assert _forward_backward(B.ReturnedThenUpdated(), P, True) == ("RuntimeError", True)  # eager's backward refuses
+    for cls, status in ((B.ReturnedThenUpdated, "declined"), (B.ReturnedThenComputed, "applied")):
+        expected = [_forward_backward(cls(), x, grad) for x in (P, N, P)]
+        backend = CountingBackend()
+        with torch.set_grad_enabled(grad):
+            compiled = graphmend.compile(cls(), backend=backend, example_inputs=(N,))
+        (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+        assert dc.status == status, dc
+        if status == "declined":
+            assert "`h` is returned as it is and the caller at branches.py:" in dc.reason, dc.reason
+        for want, x in zip(expected, (P, N, P)):
+            got = _forward_backward(compiled, x, grad)
+            assert all(bits_equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(want, got)), (want, got)
+        graphmend.unmend()
+        torch._dynamo.reset()

@@ -7,6 +7,9 @@ literal, a torch op, a view of a fresh local, or a call whose result the
 caller's resolver proves new (``call_fresh``). A called module or helper may
 hand back its argument as it is (``nn.Identity``, dropout in eval, a helper's
 ``return h, s``): its result is then as fresh as the argument it passed.
+What a fresh value holds counts as its own, as ``root_of`` judges a change
+through it: ``store = cache.store`` (or ``cache[i]``) is fresh when ``cache``
+is, and passing it to a callee passes a fresh value.
 
 A local is not fresh when a value assigned to it may be a parameter, an
 attribute or a view of one, or when the function stores it where it outlives
@@ -114,7 +117,9 @@ def fresh_expr(
         return again(node.body) and again(node.orelse)
     if isinstance(node, ast.Name):
         return node.id in fresh
-    if isinstance(node, ast.Subscript):
+    if isinstance(node, (ast.Subscript, ast.Attribute)):
+        # What a new object holds is its own, as ``root_of`` judges ``cache.store.update(h)``:
+        # ``parts = cache.store; parts.update(h)`` is the same change.
         return again(node.value)
     if isinstance(node, ast.Call):
         func = node.func
@@ -174,9 +179,16 @@ def fresh_arguments(
     if fdef is None:
         return frozenset(), frozenset()
     pairs = passed(call, fdef, bound=bound)
-    fresh = frozenset(p for p, arg in pairs if isinstance(arg, ast.Name) and arg.id in local)
+    fresh = frozenset(p for p, arg in pairs if _held_by(arg, local))
     callables = frozenset((p, self_attribute(arg)) for p, arg in pairs if self_attribute(arg) is not None)
     return fresh, callables
+
+
+def _held_by(arg: ast.AST, local: set[str]) -> bool:
+    """``cache``, ``cache[i]``, ``cache.store``: a fresh local or what it holds."""
+    while isinstance(arg, (ast.Attribute, ast.Subscript)):
+        arg = arg.value
+    return isinstance(arg, ast.Name) and arg.id in local
 
 
 def passed(call: ast.Call, fdef: Any, *, bound: bool) -> list[tuple[str, ast.AST]]:

@@ -451,6 +451,14 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
     return None
 
 
+# torch's C functions (``self.act = nn.functional.gelu``) that draw no random
+# numbers: a check's continuation may call them ([Trap] cannot undo a draw).
+DRAWS_NOTHING = PURE_TORCH_FUNCTIONS | frozenset(
+    {"gelu", "silu", "elu", "selu", "celu", "leaky_relu", "hardtanh", "hardswish", "hardsigmoid", "mish",
+     "softplus", "softsign", "relu6", "glu", "logsigmoid", "tanhshrink", "layer_norm", "group_norm", "linear"}
+)
+
+
 def pure_torch_builtin(value: Any) -> bool:
     """A torch function implemented in C that does not change its arguments in
     place or global settings (``torch.nn.functional.gelu``); random draws are

@@ -224,6 +224,7 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         ctx.frames = list(site.frames)
         ctx.chains = None if site.chains is None else list(site.chains)
         ctx.unalias = set()
+        ctx.entry = []
         try:
             replacement = site.rule.rewrite(body[index], ctx)
         except Decline as exc:
@@ -244,7 +245,22 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         site.notes = list(ctx.notes)
         site.memo_attrs = set(ctx.memo_attrs)
         site.unalias = set(ctx.unalias)
+        ctx.entry_kept += ctx.entry
+    _place_entry(located.node, ctx.entry_kept)
     return located.node
+
+
+def _place_entry(fdef: FunctionNode, entry: list[ast.stmt]) -> None:
+    """Put what rewrites need at the function's start after its docstring, at
+    the def line (no break site is there, so no later site finds them)."""
+    body = fdef.body
+    start = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str) else 0
+    for stmt in entry:
+        for node in ast.walk(stmt):
+            if "lineno" in node._attributes:
+                node.lineno = node.end_lineno = fdef.lineno  # type: ignore[attr-defined]
+                node.col_offset, node.end_col_offset = 0, 0  # type: ignore[attr-defined]
+    body[start:start] = entry
 
 
 # --------------------------------------------------------------------------

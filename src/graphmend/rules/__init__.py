@@ -56,6 +56,10 @@ class RewriteContext:
     # What earlier sites of this pass replaced: id(new statement) -> (it, the statement it replaced)
     replaced: dict[int, tuple[ast.stmt, ast.stmt]] = field(default_factory=dict)
     replaced_by: dict[int, str] = field(default_factory=dict)  # id(new statement) -> the rule that wrote it
+    # Statements the rewrite needs at the start of the function (a parameter's
+    # value at entry, before the body rebinds it); the engine places them.
+    entry: list[ast.stmt] = field(default_factory=list)
+    entry_kept: list[ast.stmt] = field(default_factory=list)  # those of this pass's sites that applied
 
     def original_of(self, block: list[ast.stmt]) -> ast.stmt | None:
         """The one statement ``block`` is: itself, or the statement an earlier site's
@@ -102,6 +106,19 @@ class RewriteContext:
             index += 1
         name = f"_gm_{stem}{index}"
         self.local_names.add(name)
+        return name
+
+    def at_entry(self, value: ast.expr, stem: str) -> str:
+        """A name that holds ``value`` as evaluated at the function's start:
+        the one an earlier rewrite placed for it, or a new one (``entry``)."""
+        key = ast.dump(value)
+        for stmt in [*self.fdef.body, *self.entry_kept, *self.entry]:
+            if isinstance(stmt, ast.Assign) and ast.dump(stmt.value) == key:
+                target = stmt.targets[0]
+                if isinstance(target, ast.Name) and target.id.startswith(f"_gm_{stem}"):
+                    return target.id
+        name = self.fresh(stem)
+        self.entry.append(ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=value))
         return name
 
     def torch(self, attr: str) -> ast.expr:

@@ -39,6 +39,7 @@ from graphmend.analysis.effects import (
     without_training_branches,
 )
 from graphmend.analysis.purity import (
+    DRAWS_NOTHING,
     STATEFUL_BUILTINS,
     STATELESS_CONTAINERS,
     STATELESS_LAYERS,
@@ -65,9 +66,15 @@ class StateScan:
     max_depth = 6  # calls followed below the check's function
     assume_eval = False  # True: branches taken only in training mode are skipped
 
-    def after(self, stmt: ast.stmt, ctx: RewriteContext) -> str | None:
+    def after(
+        self, stmt: ast.stmt, ctx: RewriteContext, assumed: frozenset[str] = frozenset(), settled: Any = None
+    ) -> str | None:
         """Why state could change between the check ``stmt`` and the end of the
-        model's call (its function's continuation, and its callers'), or None."""
+        model's call (its function's continuation, and its callers'), or None.
+        ``assumed``: parameters of the check's function taken as made in the
+        call (the rewrite keeps its result to calls where they are None at
+        entry, as ``cache=None``); ``settled(chain)``: the check cannot fail
+        first when called along that chain (whose callers are not scanned)."""
         from graphmend.analysis.facts import path_to
 
         self._scanned: dict[int, str | None] = {}  # function or class -> verdict, per check
@@ -78,7 +85,7 @@ class StateScan:
         self._same_self = has_self(ctx.fdef)  # `self` in the code being scanned is the check's
 
         path = path_to(ctx.fdef.body, stmt)
-        reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0)
+        reason = self._scan_continuation(ctx.fdef, path, ctx.globals, ctx, 0, assumed)
         self._same_self = False
         if reason:
             return reason
@@ -93,7 +100,7 @@ class StateScan:
                 "after an earlier break, and no observed break shows who calls it), so their code after the call "
                 "cannot be checked"
             )
-        for chain in ctx.chains:
+        for chain in (c for c in ctx.chains if settled is None or not settled(c)):
             same = has_self(ctx.fdef)  # callers up to here called a method of the check's `self`
             for frame, callee in reversed(list(zip(chain[:-1], chain[1:]))):
                 reason, same = self._caller_continuation(frame, ctx, same and callee.function)
@@ -145,10 +152,12 @@ class StateScan:
         with self._scanning(fdef, frame.file, same_self=same):
             return self._scan_continuation(fdef, path, namespace, ctx, 0), same
 
-    def _scan_continuation(self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int) -> str | None:
+    def _scan_continuation(
+        self, fdef: Any, path: Any, namespace: dict, ctx: RewriteContext, depth: int, assumed: frozenset[str] = frozenset()
+    ) -> str | None:
         if path is None:
             return None
-        local = self._fresh(fdef, namespace, ctx, depth)
+        local = self._fresh(fdef, namespace, ctx, depth, assumed)
         statements: list[ast.stmt] = []
         for block, index in path:
             owner = None
@@ -539,8 +548,8 @@ class StateScan:
                     if reason:
                         return reason
                     continue
-                if self.assume_eval and pure_torch_builtin(value):
-                    continue
+                if pure_torch_builtin(value) and (self.assume_eval or getattr(value, "__name__", "") in DRAWS_NOTHING):
+                    continue  # [Speculate] restores the RNG; a trap cannot undo a random draw after its check
                 return f"calls `{label}`, which is not a module or a Python function"
             called = list(value.children()) if is_layer(value, frozenset({"ModuleList", "ModuleDict"})) else [value]
             for module in value.modules():

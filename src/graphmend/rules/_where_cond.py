@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import copy
 
+from graphmend.analysis.callers import updated_by_callers
 from graphmend.analysis.facts import FunctionFacts, live_after, updated_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.analysis.shapes import shape_blockers
@@ -58,6 +59,9 @@ class CondForm:
             mutated = updated_after(ctx.fdef, stmt, name)
             if mutated is not None:
                 raise Decline(f"`{name}` is updated in place after the if (line {mutated.lineno}): torch.cond's output is a new tensor")
+            handed = updated_by_callers(ctx.chains, ctx.fdef, name)
+            if handed:
+                raise Decline(f"`{name}` is returned as it is and {handed}: torch.cond's output is a new tensor")
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")

@@ -62,7 +62,15 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
   ``self`` (``self.count = ...``, ``self.buf.add_(...)``, in its function or a
   method it calls through ``self``): the trap records those attributes (and a
   copy of such a tensor's data) at the check, ``keep=(self, names, tensors)``,
-  and puts them back before it raises.
+  and puts them back before it raises. Where the changes are to an object
+  the call makes when a parameter is None (transformers 5.x's ``if cache is
+  None: cache = EncoderDecoderCache(...)``, written by every attention
+  layer), the check is trapped only in calls where that parameter was None
+  at entry (``_gm_none0 = cache is None`` at the function's start); a call
+  given a cache runs the check as written. A check that a caller made the
+  same way on the same values right before calling (XLM's ``get_masks``)
+  cannot fail first on that call, so that caller's later code is not a reason
+  (``analysis.implied``).
 
 ## Fix safety
 On CPU the exception, its message and the effects before it are exact. The
@@ -75,8 +83,10 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+from typing import Any
 
 from graphmend.analysis.facts import FunctionFacts, bound_before
+from graphmend.analysis.implied import implied_by_caller
 from graphmend.analysis.purity import Emptiness, speculation_blockers
 from graphmend.analysis.purity import tested as proven_by
 from graphmend.analysis.source import inside_try
@@ -139,10 +149,14 @@ class Trap(Rule):
         for arg in deferred_args if not isinstance(stmt, ast.Expr) else []:
             for reason in deferred_blockers(arg, facts, bound, empty):
                 raise Decline(f"the message: {reason}")
+        def settled(chain: list) -> bool:  # the caller made the same check just before calling
+            return len(chain) >= 2 and implied_by_caller(stmt, ctx.fdef, ctx.globals, chain[-2])
+
         scan = StateScan()
-        mutation = scan.after(stmt, ctx)
+        mutation = scan.after(stmt, ctx, settled=settled)
+        made: list[str] = []  # parameters whose None at entry makes what the code after the check changes its own
         if mutation:
-            raise Decline(f"state changes after the check would now happen before it raises: {mutation}")
+            scan, made = self._none_at_entry(stmt, ctx, mutation, settled)
         keep = []
         if scan.undo or scan.undo_data:  # `self.count = ...`, `self.buf.add_(v)` after the check
             names = [ast.Tuple(elts=[ast.Constant(a) for a in sorted(part)], ctx=ast.Load()) for part in (scan.undo, scan.undo_data)]
@@ -164,7 +178,18 @@ class Trap(Rule):
         check: ast.expr = ast.Call(func=ctx.runtime("trappable"), args=[ast.Name(id=name, ctx=ast.Load())], keywords=[])
         if guards:
             check = ast.BoolOp(op=ast.And(), values=[check, *guards])
-        original = self._original_on(stmt, name, negate) if not needs_runtime(test, facts) and not pre else copy.deepcopy(stmt)
+        if made:  # calls given one of these run the check as written
+            nones = [ast.Compare(left=ast.Name(id=p, ctx=ast.Load()), ops=[ast.Is()], comparators=[ast.Constant(None)]) for p in made]
+            entry = ctx.at_entry(nones[0] if len(nones) == 1 else ast.BoolOp(op=ast.And(), values=nones), "_".join(made) + "_was_none")
+            check = ast.BoolOp(op=ast.And(), values=[ast.Name(id=entry, ctx=ast.Load()), check])
+            ctx.notes.append(
+                f"trapped only in calls where {', '.join(f'`{p}`' for p in made)} {'is' if len(made) == 1 else 'are'} None "
+                "(what the code after the check changes is then made in the call)"
+            )
+        # The original check on the flag, or as written where it runs compiled (`made`: a tensor flag
+        # would then be an assert in the graph, RuntimeError; the test again breaks the graph as before).
+        on_flag = not needs_runtime(test, facts) and not pre and not made
+        original = self._original_on(stmt, name, negate) if on_flag else copy.deepcopy(stmt)
         out: list[ast.stmt] = []
         if pre:  # where they fail, the test is not evaluated (None) and the check runs as written
             assign, ok = pre_guarded(ctx, pre)
@@ -263,6 +288,26 @@ class Trap(Rule):
 
     # -- what runs after the check -------------------------------------------
 
+    @staticmethod
+    def _none_at_entry(stmt: ast.stmt, ctx: RewriteContext, mutation: str, settled: Any) -> tuple[StateScan, list[str]]:
+        """The fewest parameters defaulting to None under which the code after
+        the check changes only what the call made (XLM's ``cache=None``, made
+        by ``if cache is None: cache = EncoderDecoderCache(...)`` and written
+        by every attention layer): the trap then fires only in calls where
+        they were None at entry. Declines with ``mutation`` when there are none."""
+        candidates = _none_defaults(ctx.fdef)
+        scan = StateScan()
+        if not candidates or scan.after(stmt, ctx, frozenset(candidates), settled):
+            raise Decline(f"state changes after the check would now happen before it raises: {mutation}")
+        made = sorted(candidates)
+        for name in list(made):  # drop those the proof does not need: a call passing them keeps the trap
+            fewer = StateScan()
+            if not fewer.after(stmt, ctx, frozenset(made) - {name}, settled):
+                made.remove(name)
+        scan = StateScan()
+        scan.after(stmt, ctx, frozenset(made), settled)
+        return scan, made
+
 
 class _ItemTests(ast.NodeTransformer):
     """``t.item() <= n`` -> ``runtime.item_of(t, n) <= n``: a tensor test where
@@ -295,3 +340,12 @@ class _EqualToRuntime(ast.NodeTransformer):
         ):
             return ast.copy_location(ast.Call(func=self.ctx.runtime("equal"), args=node.args, keywords=[]), node)
         return node
+
+
+def _none_defaults(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The parameters of ``fdef`` whose default is None."""
+    args = fdef.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    return {a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None}

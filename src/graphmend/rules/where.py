@@ -131,6 +131,7 @@ import copy
 
 import torch
 
+from graphmend.analysis.callers import updated_by_callers
 from graphmend.analysis.facts import (
     FunctionFacts,
     bound_before,
@@ -406,6 +407,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             if select.has_return(setup):
                 raise Decline("a return before the end of a branch, not under an if")
             assert isinstance(ret, ast.Return) and ret.value is not None
+            _handed_back([n.id for n in ast.walk(ret.value) if isinstance(n, ast.Name)], ctx)
             assignments = select.assigned(setup)
             when = select.taken(conds, index, ctx)
             gates = select.gated([*assignments, ("", ret.value)], when, is_function, ctx, spec.out) if grad else {}
@@ -518,6 +520,8 @@ class Where(CondForm, TrailingCallForm, Rule):
                     f"`{target}` is updated in place after the if (line {mutated.lineno}): the select makes a new "
                     "tensor, where the original kept the one the path assigned (which other names may share)"
                 )
+            if not is_attr:
+                _handed_back([target], ctx)
             selects.append((target, [env.get(target, target) for env in envs]))
         if not selects and effects and not spec.nested:
             ctx.notes.append("effects only: each happens when its branch would have run")
@@ -569,6 +573,17 @@ class Where(CondForm, TrailingCallForm, Rule):
             )
             return ast.Expr(value=call)
         return assign_to(store_name(target), value)
+
+
+def _handed_back(names: list[str], ctx: RewriteContext) -> None:
+    """Declines where a caller may update in place a tensor a path hands back as it is."""
+    for name in names:
+        reason = updated_by_callers(ctx.chains, ctx.fdef, name)
+        if reason:
+            raise Decline(
+                f"`{name}` is returned as it is and {reason}: the select hands back a new tensor, where the "
+                "original handed back the one the path assigned"
+            )
 
 
 def _selectable_attribute(target: str, ctx: RewriteContext) -> None:

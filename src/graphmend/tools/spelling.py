@@ -81,7 +81,7 @@ def spelled(node: ast.AST, alias: str, module: str | None) -> ast.AST:
     return node
 
 
-_TEMPORARY = re.compile(r"_gm_([a-z]+?)(\d+)$")
+_TEMPORARY = re.compile(r"_gm_([a-z][a-z_]*?)(\d+)$")
 _SIDES = {"t": "then", "e": "elif", "f": "else"}  # a [Where] branch's value of a name: `h_then`
 _STEMS = {"c": "cond", "ok": "guards_hold", "g": "gate"}  # others keep their stem: `hit`, `mask`, `key`
 
