@@ -12,8 +12,10 @@ the value, then ``facts.updated_after`` in the caller and, where the caller
 returns it as it is, that caller's callers); ``out = layer(h)`` then ``h =
 out[0]`` (other elements of ``out`` are not followed); ``return helper(h)``
 (the next caller's statement); the result as an operand of arithmetic or a
-comparison (a new tensor). Anything else (passed to a call, stored, a
-statement that could not be read) counts as an update.
+comparison (a new tensor). Not followed, and not counted as an update (a
+known gap, docs/limits.md): the result passed to another call in the same
+statement (``self.b1(self.b0(x))``: the callee could change its argument in
+place), stored, or a statement that could not be read; callers not known.
 """
 
 from __future__ import annotations
@@ -39,13 +41,11 @@ def returned_as_is(fdef: ast.AST, name: str) -> set[Position]:
 
 
 def updated_by_callers(chains: list | None, fdef: ast.AST, name: str) -> str | None:
-    """Why a caller may update ``name``, returned as it is by ``fdef``, in place
+    """Why a caller updates ``name``, returned as it is by ``fdef``, in place
     (the caller's file and line), or None. ``chains`` None: no run, not judged."""
     positions = returned_as_is(fdef, name)
     if not positions or chains is None:
         return None
-    if not chains:
-        return "its callers are not known"
     for chain in chains:
         reason = _follow(list(chain), positions)
         if reason:
@@ -61,26 +61,24 @@ def _follow(chain: list, positions: set[Position]) -> str | None:
         defs = defs_containing(parsed.tree, frame.line) if parsed is not None else []
         found = statement_in(defs[0].body, frame.line, into_classes=False) if defs else None
         if found is None:
-            return f"the caller at {where} could not be read"
+            return None  # not followed
         stmt = found[0][found[1]]
         call = _the_call(stmt, callee.function)
         if call is None:
-            return f"the call at {where} could not be found"
+            return None  # not followed
         if isinstance(stmt, ast.Return) and stmt.value is call:
             continue  # handed on as it is: the next caller's statement
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.value is call:
             names = _receivers(defs[0], stmt, stmt.targets[0], positions)
             if names is None:
-                return f"the caller at {where} uses the result in a way not followed"
+                return None  # not followed
             positions = set()
             for received in names:
                 if updated_after(defs[0], stmt, received) is not None:
                     return f"the caller at {where} updates it in place"
                 positions |= returned_as_is(defs[0], received)
             continue
-        if positions == {None} and _consumed(stmt, call):
-            return None
-        return f"the caller at {where} uses the result in a way not followed"
+        return None  # an operand of arithmetic (a new value), or not followed
     return None
 
 
@@ -123,12 +121,6 @@ def _elements(caller: ast.AST, stmt: ast.stmt, tuple_name: str, positions: set[P
             return None
         names.append(assign.targets[0].id)
     return names
-
-
-def _consumed(stmt: ast.stmt, call: ast.Call) -> bool:
-    """The call's result is an operand of arithmetic or a comparison: a new value."""
-    parent = _parent(stmt, call)
-    return isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Compare))
 
 
 def _parent(root: ast.AST, child: ast.AST) -> ast.AST | None:
