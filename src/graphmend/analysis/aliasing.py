@@ -56,7 +56,7 @@ def fresh_locals(
     params |= {extra.arg for extra in (args.vararg, args.kwarg) if extra is not None}
     values: dict[str, list[object]] = {}
     stored: list[tuple[str | None, set[str]]] = []  # (where to, names stored): `self.cache = h`, `items.append(h)`
-    for node in _own_nodes(fdef):
+    for node in own_nodes(fdef):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 _bind(target, node.value, values, call_fresh is not None)
@@ -145,12 +145,12 @@ def result_fresh(
     assigned it is the argument itself (a hole: ``if self.norm is not None:
     x = self.norm(x)``). What is refused: returning a parameter the callee
     never assigns (``return h, s``) or a view of one, or an attribute."""
-    if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(fdef)):
+    if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own_nodes(fdef)):
         return False
     params = frozenset(p for p, arg in passed(call, fdef, bound=bound) if is_fresh(arg))
     inner = fresh_locals(fdef, params, call_fresh)
-    assigned = {n.id for n in _own_nodes(fdef) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    for ret in (n for n in _own_nodes(fdef) if isinstance(n, ast.Return) and n.value is not None):
+    assigned = {n.id for n in own_nodes(fdef) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for ret in (n for n in own_nodes(fdef) if isinstance(n, ast.Return) and n.value is not None):
         value = ret.value
         if index is not None:
             if not isinstance(value, ast.Tuple) or index >= len(value.elts) or any(
@@ -272,7 +272,7 @@ def _unknown(target: ast.AST, values: dict[str, list[object]]) -> None:
             values.setdefault(sub.id, []).append(None)  # unpacked: unknown origin
 
 
-def _own_nodes(fdef: ast.AST):
+def own_nodes(fdef: ast.AST):
     """The nodes of ``fdef``'s body, not those of functions or lambdas nested in it."""
     todo = list(ast.iter_child_nodes(fdef))
     while todo:

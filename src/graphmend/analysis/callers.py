@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import ast
 
+from graphmend.analysis.aliasing import own_nodes
 from graphmend.analysis.facts import updated_after
-from graphmend.analysis.source import defs_containing, parse_file, statement_in
+from graphmend.analysis.source import frame_statement
 
 Position = int | None  # the element of a returned tuple, or None: the value returned itself
 
@@ -31,7 +32,7 @@ Position = int | None  # the element of a returned tuple, or None: the value ret
 def returned_as_is(fdef: ast.AST, name: str) -> set[Position]:
     """Where ``fdef`` returns ``name`` itself: ``return h`` (None), ``return h, s`` (0)."""
     found: set[Position] = set()
-    for node in _own(fdef):
+    for node in own_nodes(fdef):
         if isinstance(node, ast.Return) and node.value is not None:
             if isinstance(node.value, ast.Name) and node.value.id == name:
                 found.add(None)
@@ -57,26 +58,25 @@ def _follow(chain: list, positions: set[Position]) -> str | None:
     while len(chain) >= 2 and positions:
         callee, frame = chain.pop(), chain[-1]
         where = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}"
-        parsed = parse_file(frame.file)
-        defs = defs_containing(parsed.tree, frame.line) if parsed is not None else []
-        found = statement_in(defs[0].body, frame.line, into_classes=False) if defs else None
+        found = frame_statement(frame.file, frame.line)
         if found is None:
             return None  # not followed
-        stmt = found[0][found[1]]
+        caller, block, index = found
+        stmt = block[index]
         call = _the_call(stmt, callee.function)
         if call is None:
             return None  # not followed
         if isinstance(stmt, ast.Return) and stmt.value is call:
             continue  # handed on as it is: the next caller's statement
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.value is call:
-            names = _receivers(defs[0], stmt, stmt.targets[0], positions)
+            names = _receivers(caller, stmt, stmt.targets[0], positions)
             if names is None:
                 return None  # not followed
             positions = set()
             for received in names:
-                if updated_after(defs[0], stmt, received) is not None:
+                if updated_after(caller, stmt, received) is not None:
                     return f"the caller at {where} updates it in place"
-                positions |= returned_as_is(defs[0], received)
+                positions |= returned_as_is(caller, received)
             continue
         return None  # an operand of arithmetic (a new value), or not followed
     return None
@@ -128,14 +128,3 @@ def _parent(root: ast.AST, child: ast.AST) -> ast.AST | None:
         if any(c is child for c in ast.iter_child_nodes(node)):
             return node
     return None
-
-
-def _own(fdef: ast.AST) -> list[ast.AST]:
-    """The nodes of ``fdef``, not of functions or classes nested in it."""
-    out, todo = [], list(ast.iter_child_nodes(fdef))
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(node))
-    return out

@@ -20,10 +20,11 @@ only pure torch functions and tensor methods.
 from __future__ import annotations
 
 import ast
+import copy
 from typing import Any
 
 from graphmend.analysis.facts import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS, path_to
-from graphmend.analysis.source import defs_containing, parse_file, statement_in
+from graphmend.analysis.source import frame_statement
 
 
 def implied_by_caller(check: ast.stmt, callee: ast.FunctionDef | ast.AsyncFunctionDef, namespace: dict, frame: Any) -> bool:
@@ -35,12 +36,10 @@ def implied_by_caller(check: ast.stmt, callee: ast.FunctionDef | ast.AsyncFuncti
     names = {n.id for n in ast.walk(check.test) if isinstance(n, ast.Name)}
     if not names or not names <= set(params) or _rebinds(callee, names) or not _pure_before(callee, check, namespace):
         return False
-    parsed = parse_file(frame.file)
-    defs = defs_containing(parsed.tree, frame.line) if parsed is not None else []
-    found = statement_in(defs[0].body, frame.line, into_classes=False) if defs else None
-    if found is None or found[1] == 0:
+    found = frame_statement(frame.file, frame.line)
+    if found is None or found[2] == 0:
         return False
-    block, index = found
+    _, block, index = found
     calls = [c for c in ast.walk(block[index]) if isinstance(c, ast.Call)]
     if len(calls) != 1 or not (isinstance(calls[0].func, ast.Name) and calls[0].func.id == callee.name):
         return False
@@ -50,7 +49,7 @@ def implied_by_caller(check: ast.stmt, callee: ast.FunctionDef | ast.AsyncFuncti
     passed = dict(zip(params, call.args)) | {k.arg: k.value for k in call.keywords if k.arg is not None}
     if any(not isinstance(passed.get(n), ast.Name) for n in names):
         return False
-    expected = _Renamed({n: passed[n].id for n in names}).visit(_copy(check.test))  # type: ignore[union-attr]
+    expected = _Renamed({n: passed[n].id for n in names}).visit(copy.deepcopy(check.test))  # type: ignore[union-attr]
     before = block[index - 1]
     return isinstance(before, ast.Assert) and ast.dump(before.test) == ast.dump(expected)
 
@@ -105,9 +104,3 @@ class _Renamed(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         return ast.Name(id=self.names.get(node.id, node.id), ctx=node.ctx)
-
-
-def _copy(node: ast.expr) -> ast.expr:
-    import copy
-
-    return copy.deepcopy(node)

@@ -91,6 +91,15 @@ def statement_at(path: str, line: int) -> ast.stmt | None:
     return None if found is None else found[0][found[1]]
 
 
+def frame_statement(path: str, line: int) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, list[ast.stmt], int] | None:
+    """``(function, block, index)`` of the statement at ``line`` in the innermost
+    function of the file that holds it (a caller's frame: the call it stands on)."""
+    parsed = parse_file(path)
+    defs = defs_containing(parsed.tree, line) if parsed is not None else []
+    found = statement_in(defs[0].body, line, into_classes=False) if defs else None
+    return None if found is None else (defs[0], *found)
+
+
 def statement_in(body: list[ast.stmt], line: int, into_classes: bool = True) -> tuple[list[ast.stmt], int] | None:
     """``(block, index)`` of the innermost statement of ``body`` that owns
     ``line`` (a header line owns its compound statement, a decorator line its

@@ -66,7 +66,7 @@ broadcasting cannot make different shapes equal. ``assert`` stays under
   the call makes when a parameter is None (transformers 5.x's ``if cache is
   None: cache = EncoderDecoderCache(...)``, written by every attention
   layer), the check is trapped only in calls where that parameter was None
-  at entry (``_gm_none0 = cache is None`` at the function's start); a call
+  at entry (``cache_was_none = cache is None`` at the function's start); a call
   given a cache runs the check as written. A check that a caller made the
   same way on the same values right before calling (XLM's ``get_masks``)
   cannot fail first on that call, so that caller's later code is not a reason
@@ -304,8 +304,7 @@ class Trap(Rule):
             fewer = StateScan()
             if not fewer.after(stmt, ctx, frozenset(made) - {name}, settled):
                 made.remove(name)
-        scan = StateScan()
-        scan.after(stmt, ctx, frozenset(made), settled)
+                scan = fewer  # the scan of `made` as it now is (its undo sets)
         return scan, made
 
 
