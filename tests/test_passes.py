@@ -89,3 +89,62 @@ def test_verify_capture_with_no_candidate_left_keeps_no_flag(monkeypatch):
     assert session.capture.flags == () and session.capture.fallbacks == ()
     assert [n.split(":")[0] for n in session.capture.notes] == ["measured", f"{SCALAR} + {DYNAMIC}", SCALAR]
     assert session.current.graphs == session.before.graphs and session.verified is None
+
+
+def _warned(*where: tuple[str, int], message: str = "In CPU autocast, but the target dtype is not supported.", output=None):
+    from graphmend.rewrite.verify import Observation
+
+    return Observation(output=output, warnings=[("UserWarning", message, path, line) for path, line in where])
+
+
+def test_a_warning_torch_issues_from_its_own_frame_under_compile_is_the_same_warning():
+    """Found by the diffusers survey: Mochi enters autocast with float32 on CPU; eagerly
+    torch's warning names the model's line, compiled with capture_dynamic_output_shape_ops
+    (11 graphs -> 1) it names torch/amp/autocast_mode.py, and the flag was dropped for it.
+    The same warnings in the same order, moved only into torch's own frames, are not a
+    difference; anything else still is."""
+    import os
+
+    import torch
+
+    from graphmend.rewrite.verify import relocated_by_compile
+
+    model_line = ("/home/user/model.py", 286)
+    in_torch = (os.path.join(os.path.dirname(torch.__file__), "amp", "autocast_mode.py"), 397)
+    eager = _warned(model_line)
+    assert relocated_by_compile(eager, _warned(in_torch))
+    assert relocated_by_compile(_warned(model_line, model_line), _warned(model_line, in_torch))
+    assert not relocated_by_compile(eager, _warned(("/home/user/other.py", 3)))  # moved to user code: a difference
+    assert not relocated_by_compile(eager, _warned())  # lost
+    assert not relocated_by_compile(eager, _warned(in_torch, in_torch))  # issued twice
+    assert not relocated_by_compile(eager, _warned(in_torch, message="another text"))
+    assert not relocated_by_compile(_warned(model_line, output=torch.zeros(2)), _warned(in_torch, output=torch.ones(2)))
+
+
+def test_verify_capture_keeps_a_flag_whose_only_difference_is_where_torch_warns_from(monkeypatch):
+    import os
+
+    import torch
+
+    from graphmend.discover.capture import DYNAMIC, Capture
+    from graphmend.passes import verification
+
+    session = Session(load_target("demo"), pipeline.DEFAULT_RULES)
+    in_torch = (os.path.join(os.path.dirname(torch.__file__), "amp", "autocast_mode.py"), 397)
+    elsewhere = ("/home/user/other.py", 3)
+    with quiet():
+        pipeline.observe_baseline(session)
+        pipeline.discover(session)
+        session.plain = session.current = session.before
+        session.baseline = _warned(("/home/user/model.py", 286))
+        monkeypatch.setattr(session, "differences_from", lambda baseline, compiled=None: ["warnings: differ"])
+        for place, kept in ((elsewhere, ()), (in_torch, (DYNAMIC,))):
+            monkeypatch.setattr(session, "observe", lambda in_region, compiled=None, place=place: _warned(place))
+            session.capture = Capture(flags=(DYNAMIC,), notes=["measured"])
+            verification.verify_capture(session)
+            assert session.capture.flags == kept
+    assert session.capture.notes[-1] == (
+        f"{DYNAMIC}: verified; torch's own warnings name a frame inside torch where eager names the model's line "
+        "(same warnings, same order)"
+    )
+    assert session.verified is True

@@ -1,4 +1,5 @@
-"""``hf:TYPE``, ``tv:NAME`` and ``timm:NAME`` targets (models/tiny.py, models/vision.py) and
+"""``hf:TYPE``, ``tv:NAME``, ``timm:NAME`` and ``diffusers:NAME`` targets (models/tiny.py,
+models/vision.py, models/diffusion.py) and
 ``graphmend survey`` (tools/survey.py)."""
 
 import importlib.util
@@ -124,6 +125,60 @@ def test_on_transformers_5_23_the_ci_subset_loses_most_of_its_breaks_every_mend_
     assert (totals["mismatches"], totals["worse"], totals["verified"]) == (0, 0, 12), totals
     assert (totals["breaks_before"], totals["breaks_after"]) == (101, 11) and totals["fix_rate"] >= 85.0, totals
     assert all(rows[f"hf:{name}"]["graphs_mended"] == 1 for name in ("xlm", "flaubert", "ctrl", "longt5")), rows
+
+
+def _diffusers_release() -> str | None:
+    if importlib.util.find_spec("diffusers") is None:
+        return None
+    from importlib.metadata import version
+
+    return version("diffusers")
+
+
+@pytest.mark.skipif(_diffusers_release() is not None, reason="checks the error without diffusers")
+def test_a_diffusers_target_or_survey_without_diffusers_is_one_line(capsys):
+    with pytest.raises(TargetError) as info:
+        load_target("diffusers:flux")
+    assert str(info.value) == "diffusers:flux needs diffusers"
+    assert main(["survey", "--library", "diffusers"]) == 2
+    assert capsys.readouterr().err.strip() == "graphmend: error: the diffusers survey needs diffusers"
+
+
+def test_an_unknown_diffusers_model_is_one_line():
+    with pytest.raises(TargetError) as info:
+        load_target("diffusers:nope")
+    assert str(info.value).startswith("diffusers:nope: no such diffusers model; there are unet2d_condition, unet2d, ")
+
+
+@pytest.mark.skipif(_diffusers_release() is None, reason="needs diffusers")
+def test_a_diffusers_target_is_tiny_seeded_and_leaves_the_callers_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first, second = load_target("diffusers:flux"), load_target("diffusers:flux")
+    assert torch.equal(torch.rand(3), expected)  # building drew nothing from the caller's generator
+    assert sum(p.numel() for p in first.model.parameters()) < 100_000 and not first.model.training
+    assert all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()))
+    assert torch.equal(first.kwargs["encoder_hidden_states"], second.kwargs["encoder_hidden_states"])
+    assert first.kwargs["return_dict"] is False
+    with torch.no_grad():
+        assert torch.equal(first.model(*first.args, **first.kwargs)[0], second.model(*second.args, **second.kwargs)[0])
+
+
+@pytest.mark.skipif(_diffusers_release() != "0.42.1", reason="diffusers 0.42.1: CI's lane .ci/libraries runs it")
+def test_on_diffusers_0_42_mochis_breaks_go_by_a_verified_capture_and_the_unet_stays_one_graph():
+    """Mochi's attention keeps the prompt tokens its mask marks (`torch.nonzero`), 10 breaks;
+    capture_dynamic_output_shape_ops takes it to one graph. Verified against eager, though
+    compiled, torch's autocast warning names torch's own frame (same text, same order)."""
+    from graphmend.tools.survey import models_of, run_survey
+
+    report = run_survey("diffusers", models_of("diffusers", long=False), timeout=600)
+    rows = {r["model"]: r for r in report.rows}
+    mochi, unet = rows["diffusers:mochi"], rows["diffusers:unet2d_condition"]
+    assert (mochi["graphs_plain"], mochi["graphs_mended"], mochi["breaks_before"], mochi["breaks_after"]) == (11, 1, 10, 0), mochi
+    assert mochi["capture"] == ["capture_dynamic_output_shape_ops"] and mochi["verified"], mochi
+    assert (unet["graphs_plain"], unet["graphs_mended"]) == (1, 1), unet
+    assert report.totals()["mismatches"] == 0 and report.totals()["models_failed"] == 0, report.totals()
 
 
 def _has_torchvision() -> bool:

@@ -14,6 +14,8 @@ One spelling, the same from the CLI and from Python:
     any transformers text architecture, tiny with random weights (``tiny.py``).
 ``tv:NAME``, ``timm:NAME``
     a torchvision detection model or classifier, a timm model, random weights (``vision.py``).
+``diffusers:NAME``
+    a diffusers denoiser or autoencoder, tiny with random weights (``diffusion.py``).
 
 A model is an ``nn.Module`` or a plain function. Every failure to load or
 build a target is a :class:`~graphmend.errors.TargetError` with one line that
@@ -157,6 +159,13 @@ def _call_factory(name: str, factory: Callable[[], Any]) -> Target:
     return check_built(name, built)
 
 
+# A prefix's builder, given the whole spelling: (module of graphmend.models, function), imported when used.
+_BUILT = {
+    "hf:": ("tiny", "build"), "tv:": ("vision", "build"), "timm:": ("vision", "build_timm"),
+    "diffusers:": ("diffusion", "build"),
+}
+
+
 def load_target(spec: str) -> Target:
     """Resolve a target spelling (see the module doc) into a built Target."""
     spec = spec.strip()
@@ -169,24 +178,15 @@ def load_target(spec: str) -> Target:
     if spec.startswith("zoo:"):
         from graphmend.models import zoo
 
-        row = spec[4:]
-        return _call_factory(spec, lambda: zoo.build(row))
-    if spec.startswith("hf:"):
-        from graphmend.models import tiny
-
-        return _call_factory(spec, lambda: tiny.build(spec))
-    if spec.startswith("tv:"):
-        from graphmend.models import vision
-
-        return _call_factory(spec, lambda: vision.build(spec))
-    if spec.startswith("timm:"):
-        from graphmend.models import vision
-
-        return _call_factory(spec, lambda: vision.build_timm(spec))
+        return _call_factory(spec, lambda: zoo.build(spec[4:]))
+    for prefix, (module, builder) in _BUILT.items():
+        if spec.startswith(prefix):
+            build = getattr(importlib.import_module(f"graphmend.models.{module}"), builder)
+            return _call_factory(spec, lambda: build(spec))
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise TargetError(
-            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo', 'zoo:NAME', 'hf:TYPE', 'tv:NAME' or 'timm:NAME'"
+            f"target {spec!r} is not 'file.py:factory', 'package.module:factory', 'demo', 'zoo:NAME', 'hf:TYPE', 'tv:NAME', 'timm:NAME' or 'diffusers:NAME'"
         )
     module = _load_file(where) if _is_path(where) else _load_module(where)
     factory = getattr(module, attr, None)

@@ -11,6 +11,10 @@ model runs once more through ``torch.compile`` (eager backend) with it on
 difference as the reason, and the next candidate that helped is tried the
 same way (torchvision's R-CNNs: both flags make a runtime assert fail where
 eager does not, one alone does not); with none left the sites break again.
+The place a warning of torch's own names is not compared where it is a frame
+inside torch under torch.compile and the model's line eagerly (same warnings,
+same order; ``relocated_by_compile``, diffusers' Mochi: autocast's dtype
+warning); the kept flag's note says so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from graphmend.analysis.source import RUNTIME_NAME
 from graphmend.discover.capture import Capture
 from graphmend.passes.capturing import with_capture
 from graphmend.rewrite.session import Session, SiteOutcome, Status, dropped
+from graphmend.rewrite.verify import relocated_by_compile
 
 
 def verify(session: Session) -> None:
@@ -44,7 +49,7 @@ def verify_capture(session: Session) -> None:
     assert session.baseline is not None
     capture = session.capture
     for flags in (capture.flags, *capture.fallbacks):
-        diff = session.differences_from(session.baseline, compiled=flags)
+        diff = _compiled_differences(session, flags, capture.notes)
         if not diff:
             break
         capture = dropped(Capture(flags=flags, notes=capture.notes), "verification under torch.compile found a difference: " + "; ".join(diff[:3]))
@@ -58,6 +63,20 @@ def verify_capture(session: Session) -> None:
         session.current = session.retrace(flags)
     if session.verified is None:
         session.verified = True  # nothing rewritten: the flags alone, verified
+
+
+def _compiled_differences(session: Session, flags: tuple[str, ...], notes: list[str]) -> list[str]:
+    """How the program run through torch.compile with ``flags`` differs from eager;
+    nothing where the only difference is the place torch's own warnings name (noted)."""
+    assert session.baseline is not None
+    diff = session.differences_from(session.baseline, compiled=flags)
+    if diff and all(line.startswith("warnings:") for line in diff):
+        flagged = session.observe(in_region=True, compiled=flags)  # again, to see where each one was issued
+        if relocated_by_compile(session.baseline, flagged, session.mending.memo_attrs):
+            notes.append(f"{' + '.join(flags)}: verified; torch's own warnings name a frame inside torch where "
+                         "eager names the model's line (same warnings, same order)")
+            return []
+    return diff
 
 
 def bisect(session: Session):

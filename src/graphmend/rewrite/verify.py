@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -278,3 +279,22 @@ def compare(original: Observation, mended: Observation, memo_attrs: Any = frozen
     if original.warnings != mended.warnings:
         out.append(f"warnings: {original.warnings} vs {mended.warnings}")
     return out
+
+
+def relocated_by_compile(eager: Observation, compiled: Observation, memo_attrs: Any = frozenset()) -> bool:
+    """Whether ``compiled`` (a run through torch.compile) differs from ``eager``
+    only in where torch's own warnings say they come from: the same warnings in
+    the same order, each one whose place differs issued from a frame inside
+    torch. Compiled code enters what the model entered (autocast, whose "target
+    dtype is not supported" names the model's line eagerly and torch's
+    autocast_mode.py compiled); the user reads the same text."""
+    pairs = list(zip(eager.warnings, compiled.warnings))
+    if len(eager.warnings) != len(compiled.warnings) or any(a[:2] != b[:2] for a, b in pairs):
+        return False
+    if not all(a == b or _in_torch(b[2]) for a, b in pairs):
+        return False
+    return not compare(dataclasses.replace(eager, warnings=compiled.warnings), compiled, memo_attrs)
+
+
+def _in_torch(path: Any) -> bool:
+    return isinstance(path, str) and os.path.realpath(path).startswith(_TORCH_DIR + os.sep)

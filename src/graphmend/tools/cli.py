@@ -21,7 +21,8 @@ EXIT_CLEAN, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 
 
 def _target_help() -> str:
-    return "file.py:factory, package.module:factory, demo, zoo:NAME (see `graphmend zoo`) or hf:TYPE (a tiny transformers model)"
+    return ("file.py:factory, package.module:factory, demo, zoo:NAME (see `graphmend zoo`), hf:TYPE (a tiny transformers "
+            "model), tv:NAME, timm:NAME or diffusers:NAME")
 
 
 def cmd_explain(ns: argparse.Namespace) -> int:
@@ -423,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_suite)
 
     p = sub.add_parser("survey", help="graphmend.compile against torch.compile on a library's models, each in its own process")
-    p.add_argument("--library", default="transformers", help="the library (default transformers: hf:TYPE models)")
+    p.add_argument("--library", default="transformers", help="transformers (the default: hf:TYPE models), torchvision, timm or diffusers")
     p.add_argument("--long", action="store_true", help="every model the installed release offers, not the CI subset")
     p.add_argument("--models", help="comma-separated targets instead (hf:xlm,hf:ctrl)")
     p.add_argument("--jobs", type=int, default=1, help="models run in parallel processes (default 1)")

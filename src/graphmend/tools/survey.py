@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from graphmend.models import vision
+from graphmend.models import diffusion, vision
 from graphmend.tools.suite import run_each, run_in_process
 
 MODEL_MODULE = "graphmend.tools.survey"
@@ -62,6 +62,9 @@ LIBRARIES: dict[str, Library] = {
     "torchvision": Library("torchvision", tuple(vision.PREFIX + n for n in (*vision.DETECTION, "resnet18")), vision.architectures),
     # Image classifiers of ten families; none broke under torch.compile when issue 25 was filed.
     "timm": Library("timm", tuple(vision.TIMM + n for n in vision.TIMM_SUBSET), vision.timm_architectures, vision.timm_offered),
+    # Mochi, the one of diffusion.py's 18 denoisers and autoencoders that breaks on diffusers 0.42.1
+    # (`nonzero` over the prompt mask), and the Stable Diffusion UNet, which does not; `--long`: all 18.
+    "diffusers": Library("diffusers", tuple(diffusion.PREFIX + n for n in ("mochi", "unet2d_condition")), diffusion.architectures),
 }
 
 
