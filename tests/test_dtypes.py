@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 import torch
+import torch as th
+from effects_capture import CountingBackend, bits_equal
 from torch import nn
 
 import graphmend
@@ -134,3 +136,43 @@ def test_a_dtype_the_branch_not_taken_raises_on_runs_as_eager(model):
         for x in inputs:
             expected = model()(x)
             assert torch.equal(compiled(x), expected) and compiled(x).dtype == expected.dtype
+
+
+class AliasedHalf(nn.Module):
+    """torch imported as `th` (as the fuzzer writes it): `.to(th.float16)` is floating."""
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.mean() < 0.5:
+            t = (h * 10.0).to(th.float16)
+            lim = th.finfo(t.dtype).max - 1000
+            t = th.clamp(t, min=-lim, max=lim)
+            h = t.float()
+        return h + 1
+
+
+class ItemTestAfterReturn(nn.Module):
+    """An early return, then an `.item()` test [Scalar] makes a tensor test
+    (`runtime.item_of(h.sum(), 0) > 0`): its kind is `h.sum()`'s, so the early
+    return's select proves it cannot raise (it was "may be complex")."""
+
+    def forward(self, x):
+        h = x * 1.0
+        s = h.mean()
+        if s > 0:
+            return h + s
+        s = s + h.sum()
+        if h.sum().item() > 0:
+            h = h * 2
+        return h + s
+
+
+@pytest.mark.parametrize("model", [AliasedHalf, ItemTestAfterReturn])
+def test_the_kinds_of_an_aliased_dtype_and_of_an_item_test_are_known(model):
+    inputs = [torch.tensor([[0.1, 0.2]]), torch.tensor([[0.9, 0.7]]), torch.tensor([[-0.5, 0.2]]), torch.tensor([[-0.5, -0.2]])]
+    compiled = graphmend.compile(model(), backend=CountingBackend(), example_inputs=(inputs[0],))
+    assert {o.status for o in compiled.report.outcomes} == {"applied"}, compiled.report.outcomes
+    assert compiled.report.after.graphs == 1
+    with torch.no_grad():
+        for x in inputs:
+            assert bits_equal(compiled(x), model()(x))

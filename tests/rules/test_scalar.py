@@ -240,6 +240,30 @@ def test_item_operands_become_zero_dim_tensors_bit_exact(dtype):
     assert report.capture.flags == ()  # no host read left to capture
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
+def test_item_of_an_expression_is_a_zero_dim_tensor_evaluated_once(dtype):
+    """Found by the 5,000-program run's sample: `h + h.sum().item()` was declined ("used
+    other than in `*`/`+`/`-`") because only names and attributes were taken. The
+    receiver is now bound where the test first reads it, so it runs once, as eagerly."""
+    model, eager = S.ShiftByReduction(), S.ShiftByReduction()
+    inputs = [(S.item_inputs(torch.float32, seed) * (10 if not dtype.is_floating_point else 1)).to(dtype) for seed in (1, 2)]
+    before = graphmend.explain(S.ShiftByReduction(), inputs[0])
+    report, graphs = compile_and_check(model, inputs)
+    assert [(o.status, o.reason.split(" `")[0]) for o in report.outcomes] == [("applied", "1"), ("applied", "2")]
+    assert before.graphs == 4 and graphs == 1 and report.capture.flags == ()
+    assert model.reads.item() == len(inputs)  # compiled: once a call
+    with torch.no_grad():
+        for x in inputs:
+            assert bits_equal(eager(x), report_call(model, x))
+    assert eager.reads.item() == len(inputs) and model.reads.item() == 2 * len(inputs)  # as installed, eagerly
+
+
+def report_call(model, x):
+    """One call of the mended model as it is installed (eagerly, in a region)."""
+    with graphmend.runtime.region():
+        return model(x)
+
+
 def test_item_operand_of_another_dtype_keeps_item_and_capture_takes_it():
     """fp16 activations scaled by an fp32 scalar: promotion would differ, so the
     traced guard keeps `.item()`; capture_scalar_outputs then removes the break."""
@@ -837,7 +861,7 @@ GOLDEN = [
         """,
         rewritten="""
         def f(x, scale):
-            return x * (scale.detach() if torch.is_tensor(x) and scale.dim() == 0 and (scale.dtype == x.dtype) and (scale.device == x.device) else scale.item())
+            return x * (scale.detach() if torch.is_tensor(scale) and torch.is_tensor(x) and (scale.dim() == 0) and (scale.dtype == x.dtype) and (scale.device == x.device) else scale.item())
         """,
     ),
     golden.case(
@@ -849,7 +873,7 @@ GOLDEN = [
         """,
         rewritten="""
         def f(x, a, b):
-            y = (_gm_operand0 := ((a.detach() if torch.is_tensor(x) and a.dim() == 0 and (a.dtype == x.dtype) and (a.device == x.device) else a.item()) + x)) - (b.detach() if torch.is_tensor(_gm_operand0) and b.dim() == 0 and (b.dtype == _gm_operand0.dtype) and (b.device == _gm_operand0.device) else b.item())
+            y = (_gm_operand0 := ((a.detach() if torch.is_tensor(a) and torch.is_tensor(x) and (a.dim() == 0) and (a.dtype == x.dtype) and (a.device == x.device) else a.item()) + x)) - (b.detach() if torch.is_tensor(b) and torch.is_tensor(_gm_operand0) and (b.dim() == 0) and (b.dtype == _gm_operand0.dtype) and (b.device == _gm_operand0.device) else b.item())
             return y
         """,
     ),
@@ -861,7 +885,18 @@ GOLDEN = [
         """,
         rewritten="""
         def f(x, t):
-            return (_gm_operand0 := torch.relu(x)) * (t.detach() if torch.is_tensor(_gm_operand0) and t.dim() == 0 and (t.dtype == _gm_operand0.dtype) and (t.device == _gm_operand0.device) else t.item())
+            return (_gm_operand0 := torch.relu(x)) * (t.detach() if torch.is_tensor(t) and torch.is_tensor(_gm_operand0) and (t.dim() == 0) and (t.dtype == _gm_operand0.dtype) and (t.device == _gm_operand0.device) else t.item())
+        """,
+    ),
+    golden.case(
+        "item-of-an-expression-is-evaluated-once",
+        """
+        def f(h):
+            return h + h.sum().item()  # <-
+        """,
+        rewritten="""
+        def f(h):
+            return h + (_gm_item0.detach() if torch.is_tensor((_gm_item0 := h.sum())) and torch.is_tensor(h) and (_gm_item0.dim() == 0) and (_gm_item0.dtype == h.dtype) and (_gm_item0.device == h.device) else _gm_item0.item())
         """,
     ),
     golden.case(

@@ -40,7 +40,8 @@ def mended(cls, *example):
 
 @pytest.mark.parametrize(
     "cls",
-    [G.IfRaise, G.IfNotRaise, G.UntypedOr, G.Asserts, G.TorchAssert, G.FormattedMessage, G.ShapeMessage],
+    [G.IfRaise, G.IfNotRaise, G.UntypedOr, G.Asserts, G.TorchAssert, G.TorchAssertFormatted, G.FormattedMessage,
+     G.ShapeMessage],
     ids=lambda c: c.__name__,
 )
 def test_same_exception_message_and_effects(cls):

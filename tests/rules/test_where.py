@@ -327,6 +327,29 @@ def test_branches_calling_modules_use_torch_cond(cls):
     assert "torch.cond" in dc.reason and "only the taken one runs" in dc.reason
 
 
+def test_a_tuple_from_a_pure_helper_method_in_a_branch_is_run_by_torch_cond():
+    """Found by the 5,000-program run's sample: `h, s = self._helper(h, s)` in a branch was
+    declined ("assignment to `(h, s)`"; torch.cond: "not a module"). A method whose
+    source is pure now runs under torch.cond, its tuple unpacked into the outputs."""
+    _, report = check_form(B.HelperMethod, [(P,), (N,), (P * 0.5,)])
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert "torch.cond (h, s)" in dc.reason
+    for x in (P, N):  # under autograd the original branch runs: eager's gradients
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        compiled = graphmend.compile(B.HelperMethod(), backend=CountingBackend())
+        expected, got = B.HelperMethod()(a), compiled(b)
+        expected.sum().backward()
+        got.sum().backward()
+        assert bits_equal(expected.detach(), got.detach()) and bits_equal(a.grad, b.grad)
+    # The subclass shares the mended forward: `type(self)._helper is HelperMethod._helper`
+    # sends it to the original statement (torch.cond would run its print inside a trace).
+    shared = run(B.HelperMethodPrints(), P)
+    assert shared.exception is None and shared.stdout == "in the helper\n"
+    report = graphmend.mend(B.HelperMethodPrints(), P)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert dc.status == "declined" and "HelperMethodPrints._helper calls `print`, not known to be pure" in dc.reason
+
+
 class _Counts:
     """A plain object the model reaches only through a global."""
 
@@ -1179,7 +1202,7 @@ GOLDEN = [
         """,
         declined=(
             "torch.where: a branch holds a statement other than a single-target assignment: a call statement "
-            "(`print(x)`); torch.cond: a branch holds a statement other than an assignment to a name"
+            "(`print(x)`); torch.cond: a branch holds a statement other than an assignment to a name or a tuple of names"
         ),
     ),
     golden.case(
@@ -1541,7 +1564,7 @@ GOLDEN = [
                     x = x + 1
                 return x * 2
         """,
-        declined="torch.where: `self.last` is not set on the model before the if: the select would read it where the original does not; torch.cond: a branch holds a statement other than an assignment to a name",
+        declined="torch.where: `self.last` is not set on the model before the if: the select would read it where the original does not; torch.cond: a branch holds a statement other than an assignment to a name or a tuple of names",
     ),
     golden.case(
         "early-return-when-the-function-falls-off-its-end",

@@ -38,7 +38,7 @@ import itertools
 from typing import Iterator
 
 from graphmend.analysis.facts import PURE_TENSOR_METHODS, FunctionFacts, is_torch_attr
-from graphmend.analysis.source import always_evaluated
+from graphmend.analysis.source import always_evaluated, is_runtime_call
 from graphmend.analysis.speculated import Emptiness
 
 BOOL, INT, FLOAT, COMPLEX = "bool", "integer", "floating", "complex"
@@ -185,8 +185,10 @@ class _Kinds:
         return ANY
 
     def _call(self, node: ast.Call, known: dict[str, frozenset[str]], depth: int) -> frozenset[str]:
+        if is_runtime_call(node, "item_of") and node.args:  # the value as a 0-dim tensor, or its .item(): its kind
+            return self.of(node.args[0], known, depth + 1)
         name, receiver, args = operation(node, self.facts)
-        dtype = next((_dtype_kind(k.value) for k in node.keywords if k.arg == "dtype"), None)
+        dtype = next((_dtype_kind(k.value, self.facts) for k in node.keywords if k.arg == "dtype"), None)
         if dtype is not None:
             return frozenset({dtype})
         if name is None:
@@ -203,7 +205,7 @@ class _Kinds:
         if name in ("dim", "numel", "size"):
             return _I
         if name == "to":
-            kinds = [_dtype_kind(a) for a in args]
+            kinds = [_dtype_kind(a, self.facts) for a in args]
             if any(kinds):
                 return frozenset(k for k in kinds if k)
             if args and isinstance(args[0], ast.Attribute) and args[0].attr == "dtype":
@@ -258,10 +260,11 @@ def operation(node: ast.Call, facts: FunctionFacts) -> tuple[str | None, ast.exp
     return None, None, list(node.args)
 
 
-def _dtype_kind(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
-        return _DTYPES.get(node.attr)
-    return None
+def _dtype_kind(node: ast.AST, facts: FunctionFacts) -> str | None:
+    """The kind of ``torch.float16`` (torch under any name it is imported as: ``th.float16``)."""
+    literal = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+    name = node.attr if literal else is_torch_attr(node, facts)  # type: ignore[union-attr]
+    return _DTYPES.get(name) if name is not None else None
 
 
 def _is_device(node: ast.AST) -> bool:

@@ -68,6 +68,7 @@ GRAPH_BREAK_IDS: dict[str, str] = {
     "GB0007": "Attempted to call function marked as skipped",
     "GB0033": "Data dependent operator",
     "GB0036": "Dynamic shape operator",
+    "GB0055": "Failed to convert args/kwargs to proxy",
     "GB0059": "Failed to trace builtin operator",
     "GB0088": "Observed exception",
     "GB0109": "Tensor.tolist() with non-integer tensor",
@@ -78,6 +79,8 @@ GRAPH_BREAK_IDS: dict[str, str] = {
 _TI_IDS = {"GB0124", "GB0109"}
 _DO_IDS = {"GB0036"}
 _BRANCH_IDS = {"GB0170"}
+# torch._assert on a tensor: GB0033, or GB0055 where its message formats a tensor (f"{h.min()}").
+_ASSERT_IDS = {"GB0033", "GB0055"}
 
 
 @dataclass
@@ -169,7 +172,7 @@ def classify(event: BreakEvent, stmt: ast.stmt | None) -> str:
         return "AS"
     if gb in _BRANCH_IDS or "data-dependent branching" in gb_type:
         return "DC"
-    if any(_names_torch_assert(c) for c in calls) and gb == "GB0033":
+    if any(_names_torch_assert(c) for c in calls) and gb in _ASSERT_IDS:
         return "VG"
     if side_effect:
         # A log/print call is the site even when the break is in its

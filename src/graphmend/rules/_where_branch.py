@@ -317,6 +317,7 @@ class Speculation:
             if test is None:
                 break
             code = ast.unparse(test)
+            test = item_test(test, ctx) or test  # `t.item() > 0`: a tensor test where exact (runtime.item_of)
             if not has_boolops(test) and is_static_test(test, self.facts):
                 raise Decline(f"a nested if on `{code}`, which is not a tensor test, after a tensor test")
             self._value(test, env, known, None, f"the nested test `{code}`")  # safe on every call

@@ -44,14 +44,13 @@ class CondForm:
         targets: list[str] = []
         for block in (stmt.body, stmt.orelse):
             for node in block:
-                if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-                    raise Decline("a branch holds a statement other than an assignment to a name")
-                if node.targets[0].id not in targets:
-                    targets.append(node.targets[0].id)
+                if _assigned(node) is None:
+                    raise Decline("a branch holds a statement other than an assignment to a name or a tuple of names")
+                targets += [name for name in _assigned(node) or () if name not in targets]
         outputs: list[str] = []
         for name in targets:
-            in_true = any(n.targets[0].id == name for n in stmt.body)  # type: ignore[attr-defined]
-            in_false = any(n.targets[0].id == name for n in stmt.orelse)  # type: ignore[attr-defined]
+            in_true = any(name in (_assigned(n) or ()) for n in stmt.body)
+            in_false = any(name in (_assigned(n) or ()) for n in stmt.orelse)
             if not (in_true and in_false) and name not in bound:
                 if live_after(ctx.fdef, stmt, name):
                     raise Decline(f"`{name}` is assigned on one path only and read after the if")
@@ -88,8 +87,8 @@ class CondForm:
                 for reason in shape_blockers(node.value, facts, empty):  # type: ignore[attr-defined]
                     raise Decline(f"torch.cond traces the branch not taken on the shapes of the call: {reason}")
                 add_guards(empty, ctx, guards)
-                known.add(node.targets[0].id)  # type: ignore[attr-defined]
-                assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
+                known.update(_assigned(node) or ())
+                assigned.update(_assigned(node) or ())
         store = _attribute_store_before(stmt, ctx)
         if store is not None:
             raise Decline(
@@ -105,9 +104,13 @@ class CondForm:
             inner: list[ast.stmt] = []
             for node in block:
                 value = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]
-                temp = ctx.fresh("t" if side == "true" else "f")
-                inner.append(assign_to(store_name(temp), value))
-                env[node.targets[0].id] = temp  # type: ignore[attr-defined]
+                temps = {name: ctx.fresh("t" if side == "true" else "f") for name in _assigned(node) or ()}
+                target = node.targets[0]  # type: ignore[attr-defined]
+                if isinstance(target, ast.Tuple):  # `h, s = helper(h, s)`: unpacked as written, into temporaries
+                    inner.append(assign_to(ast.Tuple(elts=[store_name(t) for t in temps.values()], ctx=ast.Store()), value))
+                else:
+                    inner.append(assign_to(store_name(temps[target.id]), value))
+                env.update(temps)
             # torch.cond forbids returning an input as is: an unchanged value is cloned.
             result = ast.Tuple(
                 elts=[
@@ -162,7 +165,7 @@ class CondForm:
                             names.append(sub.id)
                     if is_self_attr(sub) and sub.attr not in attrs:  # type: ignore[union-attr]
                         attrs.append(sub.attr)  # type: ignore[union-attr]
-                assigned.add(node.targets[0].id)  # type: ignore[attr-defined]
+                assigned.update(_assigned(node) or ())
             names += [o for o in outputs if o not in assigned and o not in names]  # cloned as is
         held: list[ast.expr] = [load_name(name) for name in names]
         modules = list(ctx.model.modules()) if isinstance(ctx.model, torch.nn.Module) else []
@@ -176,6 +179,8 @@ class CondForm:
 
     def _pure_callee(self, call: ast.Call, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr | None:
         """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
+        import inspect
+
         import torch
 
         from graphmend.analysis.facts import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS
@@ -198,6 +203,8 @@ class CondForm:
             modules = ctx.attribute_values(func.attr)  # type: ignore[union-attr]
             if not modules:
                 raise Decline(f"`{ast.unparse(func)}` could not be resolved on the live model")
+            if all(inspect.isfunction(m) or inspect.ismethod(m) for m in modules):  # `self._helper(h, s)`
+                return self._pure_method(func, modules, ctx)
             train_dependent = False
             for module in modules:
                 if not isinstance(module, torch.nn.Module):
@@ -218,6 +225,28 @@ class CondForm:
         if impure:
             raise Decline(impure[0])
         return None
+
+
+    @staticmethod
+    def _pure_method(func: ast.Attribute, found: list, ctx: RewriteContext) -> ast.expr:
+        """``self._helper(...)``: one method of the model's class, its source pure.
+        Another class sharing the mended function (a subclass's own ``_helper``) was
+        never proven: the guard ``type(self)._helper is Owner._helper``, decided while
+        tracing, sends it to the original statement."""
+        from graphmend.analysis.purity import function_impurities
+
+        fn = getattr(found[0], "__func__", found[0])
+        if len({id(getattr(m, "__func__", m)) for m in found}) != 1:
+            raise Decline(f"`{ast.unparse(func)}` is more than one function over the model's modules")
+        impure = function_impurities(fn)
+        if impure:
+            raise Decline(impure[0])
+        owner, _, name = fn.__qualname__.rpartition(".")
+        cls = ctx.globals.get(owner)
+        if name != func.attr or not isinstance(cls, type) or cls.__dict__.get(name) is not fn or not ctx.resolves_to("type", type):
+            raise Decline(f"`{ast.unparse(func)}`: its class is not a global of the module, to check it is the method proven")
+        mine = ast.Attribute(value=ast.Call(func=load_name("type"), args=[copy.deepcopy(func.value)], keywords=[]), attr=name, ctx=ast.Load())
+        return ast.Compare(left=mine, ops=[ast.Is()], comparators=[ast.Attribute(value=load_name(owner), attr=name, ctx=ast.Load())])
 
 
 def _attribute_stores(node: ast.AST) -> list[ast.AST]:
@@ -293,3 +322,14 @@ def _attribute_store_before(stmt: ast.If, ctx: RewriteContext) -> str | None:
             if found is not None:
                 return found
     return None
+
+
+def _assigned(node: ast.stmt) -> list[str] | None:
+    """The names ``h = ...`` or ``h, s = ...`` assigns (each once), else None."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+        return None
+    target = node.targets[0]
+    names = target.elts if isinstance(target, ast.Tuple) else [target]
+    if not all(isinstance(n, ast.Name) for n in names) or len({n.id for n in names}) != len(names):  # type: ignore[attr-defined]
+        return None
+    return [n.id for n in names]  # type: ignore[attr-defined]

@@ -291,7 +291,7 @@ class _ItemOperands(ast.NodeTransformer):
             return node
         for side, other in (("right", node.left), ("left", node.right)):
             item = getattr(node, side)
-            if not (is_item_call(item) and self._plain(item.func.value)):
+            if not is_item_call(item):
                 continue
             if not self._plain(other):
                 if side == "left":
@@ -304,7 +304,6 @@ class _ItemOperands(ast.NodeTransformer):
             break
         return node
 
-
     @staticmethod
     def _plain(node: ast.expr) -> bool:
         """A name or ``self.<attr>`` chain: evaluating it twice is harmless."""
@@ -313,8 +312,17 @@ class _ItemOperands(ast.NodeTransformer):
         return isinstance(node, ast.Name)
 
     def _guarded(self, item: ast.Call, other: ast.expr) -> ast.expr:
+        """The test, the 0-dim tensor and ``.item()``. A receiver other than a name
+        (``h.sum().item()``) is evaluated once, where the original evaluates it:
+        bound by the test's first check, which always runs."""
         t = item.func.value
+        first = copy.deepcopy(t)
+        if not self._plain(t):
+            bound = self.ctx.fresh("item")
+            first, t = ast.NamedExpr(target=ast.Name(id=bound, ctx=ast.Store()), value=t), load_name(bound)
+            item = make_call(attr_of(copy.deepcopy(t), "item"))
         same = [
+            make_call(self.ctx.torch("is_tensor"), first),
             make_call(self.ctx.torch("is_tensor"), copy.deepcopy(other)),
             ast.Compare(left=make_call(attr_of(copy.deepcopy(t), "dim")), ops=[ast.Eq()], comparators=[ast.Constant(0)]),
             ast.Compare(left=attr_of(copy.deepcopy(t), "dtype"), ops=[ast.Eq()], comparators=[attr_of(copy.deepcopy(other), "dtype")]),

@@ -17,7 +17,7 @@ branch would have run.
 
 ## Why the original breaks
 Deciding whether to raise turns a tensor into a Python bool (GB0170; GB0033
-for ``torch._assert``). A literal-message ``assert`` does compile, but then
+for ``torch._assert``, GB0055 where its message formats a tensor). A literal-message ``assert`` does compile, but then
 raises ``RuntimeError`` instead of ``AssertionError``.
 
 ## Example

@@ -63,11 +63,13 @@ When a branch calls a module or function (``h = self.lin(h)``), computing
 both sides would double its cost: only the taken side runs, in
 ``torch.cond``, after ``__graphmend_rt__.bind(h, self, getattr(self, 'lin',
 None))`` shows Dynamo the objects the branches reach (one it first met inside
-a branch would lose a later ``self.count += 1``).
+a branch would lose a later ``self.count += 1``). ``h, s = self._helper(h, s)``:
+a method of pure source, and ``type(self)._helper is Owner._helper`` (decided
+while tracing) sends a subclass's own method, never proven, to the original.
 
 ## When it declines
 - ``while`` loops, branches with statements other than assignments (or a
-  single ``return`` each), tuple targets; an ``elif`` test that could raise
+  single ``return`` each), tuple targets (but ``torch.cond``'s); an ``elif`` test that could raise
   or act on a call where the original never reached it, or whose static
   operand may guard the next (``x is not None and ...``: evaluated up front
   with the rest, a metadata operand such as ``h.dim() > 2 or ...`` is
