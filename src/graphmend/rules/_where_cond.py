@@ -226,7 +226,6 @@ class CondForm:
             raise Decline(impure[0])
         return None
 
-
     @staticmethod
     def _pure_method(func: ast.Attribute, found: list, ctx: RewriteContext) -> ast.expr:
         """``self._helper(...)``: one method of the model's class, its source pure.
