@@ -902,6 +902,15 @@ GOLDEN = [
         """,
     ),
     golden.case(
+        "an-assert-method-that-is-not-torchs-is-not-trapped",
+        """
+        def f(self, x):
+            self._assert((x > 0).all(), f"min {x.min()}")  # <-
+            return x
+        """,
+        declined="`self._assert` is not torch._assert",
+    ),
+    golden.case(
         "state-change-of-a-fresh-local-and-a-print-after",
         """
         def f(x):

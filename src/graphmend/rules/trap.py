@@ -129,6 +129,10 @@ class Trap(Rule):
         if inside_try(ctx.fdef, stmt):
             raise Decline("the check is inside a try block of the same function (a handler could catch it)")
         test, negate, exc_node, args, is_assert = self._match(stmt)
+        if isinstance(stmt, ast.Expr):  # `X._assert(test, msg)`: only torch's, under any name it is imported as
+            owner = stmt.value.func.value  # type: ignore[attr-defined]
+            if not (isinstance(owner, ast.Name) and facts.resolves_to_torch(owner.id)):
+                raise Decline(f"`{ast.unparse(stmt.value.func)}` is not torch._assert")  # type: ignore[attr-defined]
         exc_type = self._exception_type(exc_node, ctx)
         test = _EqualToRuntime(ctx, facts).visit(copy.deepcopy(test))
         test = _ItemTests(ctx).visit(test)
