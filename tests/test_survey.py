@@ -135,15 +135,6 @@ def _diffusers_release() -> str | None:
     return version("diffusers")
 
 
-@pytest.mark.skipif(_diffusers_release() is not None, reason="checks the error without diffusers")
-def test_a_diffusers_target_or_survey_without_diffusers_is_one_line(capsys):
-    with pytest.raises(TargetError) as info:
-        load_target("diffusers:flux")
-    assert str(info.value) == "diffusers:flux needs diffusers"
-    assert main(["survey", "--library", "diffusers"]) == 2
-    assert capsys.readouterr().err.strip() == "graphmend: error: the diffusers survey needs diffusers"
-
-
 def test_an_unknown_diffusers_model_is_one_line():
     with pytest.raises(TargetError) as info:
         load_target("diffusers:nope")
@@ -185,24 +176,22 @@ def _has_torchvision() -> bool:
     return importlib.util.find_spec("torchvision") is not None
 
 
-@pytest.mark.skipif(_has_torchvision(), reason="checks the error without torchvision")
-def test_a_torchvision_target_or_survey_without_torchvision_is_one_line(capsys):
-    with pytest.raises(TargetError) as info:
-        load_target("tv:resnet18")
-    assert str(info.value) == "tv:resnet18 needs torchvision (a build matching the installed torch)"
-    assert main(["survey", "--library", "torchvision"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "graphmend: error: the torchvision survey needs torchvision (a build matching the installed torch)"
-    )
+def _without(library: str, target: str) -> object:
+    installed = importlib.util.find_spec(library) is not None
+    return pytest.param(library, target, marks=pytest.mark.skipif(installed, reason=f"checks the error without {library}"), id=library)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("timm") is not None, reason="checks the error without timm")
-def test_a_timm_target_or_survey_without_timm_is_one_line(capsys):
+@pytest.mark.parametrize(
+    "library, target",
+    [_without("torchvision", "tv:resnet18"), _without("timm", "timm:resnet18"), _without("diffusers", "diffusers:flux")],
+)
+def test_a_target_or_survey_without_its_library_is_one_line(library, target, capsys):
+    note = " (a build matching the installed torch)" if library == "torchvision" else ""
     with pytest.raises(TargetError) as info:
-        load_target("timm:resnet18")
-    assert str(info.value) == "timm:resnet18 needs timm"
-    assert main(["survey", "--library", "timm"]) == 2
-    assert capsys.readouterr().err.strip() == "graphmend: error: the timm survey needs timm"
+        load_target(target)
+    assert str(info.value) == f"{target} needs {library}{note}"
+    assert main(["survey", "--library", library]) == 2
+    assert capsys.readouterr().err.strip() == f"graphmend: error: the {library} survey needs {library}{note}"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")

@@ -14,14 +14,13 @@ diffusers that lacks the class gets a one-line TargetError.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from graphmend.errors import TargetError
-from graphmend.models.zoo_builders import Built, _gen, make
+from graphmend.models.zoo_builders import Built, _gen, library, made
 
 PREFIX = "diffusers:"
 
@@ -144,15 +143,12 @@ def build(spec: str) -> Built:
     name = spec[len(PREFIX):]
     if name not in MODELS:
         raise TargetError(f"{spec}: no such diffusers model; there are {', '.join(MODELS)}")
-    diffusers = _diffusers(spec)
+    diffusers = library("diffusers", spec)
     entry = MODELS[name]
     cls = getattr(diffusers, entry.cls, None)
     if cls is None:
         raise TargetError(f"{spec}: diffusers {diffusers.__version__} has no {entry.cls}")
-    try:
-        model = make(lambda: cls(**entry.config))
-    except Exception as exc:
-        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    model = made(spec, lambda: cls(**entry.config))
     g = _gen()
     args, kwargs = entry.inputs(lambda *shape: torch.rand(shape, generator=g))
     return model, args, {**kwargs, "return_dict": False}
@@ -160,13 +156,6 @@ def build(spec: str) -> Built:
 
 def architectures() -> list[str]:
     """The models the installed diffusers has."""
-    diffusers = _diffusers("the diffusers survey")
+    diffusers = library("diffusers", "the diffusers survey")
     return [PREFIX + name for name, entry in MODELS.items() if hasattr(diffusers, entry.cls)]
 
-
-def _diffusers(needed_by: str) -> Any:
-    if importlib.util.find_spec("diffusers") is None:
-        raise TargetError(f"{needed_by} needs diffusers")
-    import diffusers
-
-    return diffusers

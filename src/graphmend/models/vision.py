@@ -17,15 +17,12 @@ same way, with one seeded batch of the model's own input size.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-from typing import Any, Callable
 
 import torch
 
 from graphmend.errors import TargetError
-from graphmend.models.zoo_builders import Built, _gen, make
+from graphmend.models.zoo_builders import Built, _gen, library, made
 
 PREFIX = "tv:"
 TIMM = "timm:"
@@ -49,7 +46,7 @@ SIDE = 128  # min_size and max_size of the detection transform
 
 def build(spec: str) -> Built:
     """``(model, args, kwargs)`` for a ``tv:`` target."""
-    torchvision = _library("torchvision", spec)
+    torchvision = library("torchvision", spec)
     name = spec[len(PREFIX):]
     if name not in torchvision.models.list_models():
         raise TargetError(f"{spec}: torchvision {torchvision.__version__} has no model {name!r}")
@@ -59,7 +56,7 @@ def build(spec: str) -> Built:
         options["weights_backbone"] = None
     if detection and not name.startswith("ssd"):
         options.update(min_size=SIDE, max_size=SIDE)
-    model = _made(spec, lambda: torchvision.models.get_model(name, **options))
+    model = made(spec, lambda: torchvision.models.get_model(name, **options))
     g = _gen()
     if detection:
         return model, ([torch.rand(IMAGE, generator=g), torch.rand(IMAGE, generator=g)],), {}
@@ -68,50 +65,32 @@ def build(spec: str) -> Built:
 
 def architectures() -> list[str]:
     """The detection models and the image classifiers of the installed torchvision."""
-    torchvision = _library("torchvision", "the torchvision survey")
+    torchvision = library("torchvision", "the torchvision survey")
     classifiers = torchvision.models.list_models(module=torchvision.models)
     return [PREFIX + n for n in (*DETECTION, *classifiers) if n in torchvision.models.list_models()]
 
 
 def build_timm(spec: str) -> Built:
     """``(model, args, kwargs)`` for a ``timm:`` target."""
-    timm = _library("timm", spec)
+    timm = library("timm", spec)
     name = spec[len(TIMM):]
     if name not in timm.list_models():
         raise TargetError(f"{spec}: timm {timm.__version__} has no model {name!r}")
-    model = _made(spec, lambda: timm.create_model(name, pretrained=False))
+    model = made(spec, lambda: timm.create_model(name, pretrained=False))
     size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224)))
     return model, (torch.rand((1, *size), generator=_gen()),), {}
 
 
 def timm_architectures() -> list[str]:
     """One model of each timm family (the first its module registers)."""
-    timm = _library("timm", "the timm survey")
+    timm = library("timm", "the timm survey")
     firsts = (timm.list_models(module=m) for m in timm.list_modules())
     return [TIMM + names[0] for names in firsts if names]
 
 
 def timm_offered() -> list[str]:
     """Every model of the installed timm."""
-    return [TIMM + name for name in _library("timm", "the timm survey").list_models()]
-
-
-_INSTALL_NOTE = {"torchvision": " (a build matching the installed torch)"}
-
-
-def _library(name: str, needed_by: str) -> Any:
-    """The installed library ``name``, or a one-line TargetError saying what needs it."""
-    if importlib.util.find_spec(name) is None:
-        raise TargetError(f"{needed_by} needs {name}{_INSTALL_NOTE.get(name, '')}")
-    return importlib.import_module(name)
-
-
-def _made(spec: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-    """``factory()`` under the weight seed, in eval mode; a failure in one line."""
-    try:
-        return make(factory)
-    except Exception as exc:
-        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    return [TIMM + name for name in library("timm", "the timm survey").list_models()]
 
 
 def _parameters(builder: object) -> tuple[str, ...]:

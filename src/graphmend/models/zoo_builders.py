@@ -6,9 +6,13 @@ they follow). transformers is imported only inside a builder."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+import importlib
+import importlib.util
+from typing import Any, Callable, Iterator
 
 import torch
+
+from graphmend.errors import TargetError
 
 INPUT_SEED = 0
 WEIGHT_SEED = 0
@@ -34,6 +38,25 @@ def _gen() -> torch.Generator:
 
 def _ids(g: torch.Generator, low: int, high: int, length: int = 8) -> torch.Tensor:
     return torch.randint(low, high, (1, length), generator=g)
+
+
+_INSTALL_NOTE = {"torchvision": " (a build matching the installed torch)"}
+
+
+def library(name: str, needed_by: str) -> Any:
+    """The installed library ``name`` (torchvision, timm, diffusers), or a
+    one-line TargetError saying what needs it."""
+    if importlib.util.find_spec(name) is None:
+        raise TargetError(f"{needed_by} needs {name}{_INSTALL_NOTE.get(name, '')}")
+    return importlib.import_module(name)
+
+
+def made(spec: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """``make(factory)`` for target ``spec``; a failure in one line."""
+    try:
+        return make(factory)
+    except Exception as exc:
+        raise TargetError(f"{spec}: building it failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
 
 
 def make(factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:

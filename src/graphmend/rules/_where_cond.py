@@ -44,9 +44,10 @@ class CondForm:
         targets: list[str] = []
         for block in (stmt.body, stmt.orelse):
             for node in block:
-                if _assigned(node) is None:
+                names = _assigned(node)
+                if names is None:
                     raise Decline("a branch holds a statement other than an assignment to a name or a tuple of names")
-                targets += [name for name in _assigned(node) or () if name not in targets]
+                targets += [name for name in names if name not in targets]
         outputs: list[str] = []
         for name in targets:
             in_true = any(name in (_assigned(n) or ()) for n in stmt.body)
