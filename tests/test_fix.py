@@ -497,6 +497,49 @@ def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
         "guarded: `item_of(h.sum(), 0) > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)")
 
 
+CHAIN = """import torch
+from torch import nn
+
+
+class Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.sum() > 0:
+            h = self.lin(h)
+        elif h.mean() < -0.5:
+            h = self.act(h) * 2
+        else:
+            h = h - 1
+        return h
+
+
+def build():
+    torch.manual_seed(0)
+    return Chain().eval(), (torch.ones(2, 4),)
+"""
+
+
+def test_a_torch_cond_form_is_written_with_its_branch_functions_and_runs_alone(tmp_path):
+    """The torch.cond form's branch functions are named as their calls name them: the
+    written `def` kept the temporary name (`_gm_true_branch0`) while its call read
+    `true_branch`, so the written code failed alone (NameError) and nothing was written."""
+    path = tmp_path / "chain.py"
+    path.write_text(CHAIN)
+    with quiet():
+        report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
+    assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"
+    [change] = report.changes
+    for written in ("def true_branch():", "def elif_branch():", "def false_branch():",
+                    "return torch.cond(cond_2, elif_branch, false_branch, ())",
+                    "h, = torch.cond(cond, true_branch, rest, ())"):
+        assert written in change.new, written
+
+
 def test_portable_keeps_only_what_needs_nothing_but_torch_and_lists_the_rest(tmp_path, capsys):
     path = tmp_path / "usermodel.py"
     path.write_text(SMALL)

@@ -58,6 +58,7 @@ ARITH = [
     "s = s + h.sum()",
     "s = h.amax()",
     "h = self.lin(h)",
+    "s = h[0, 0]",  # a view: an in-place update of either changes the other
 ]
 
 MESSAGES = [

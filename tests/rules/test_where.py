@@ -192,7 +192,7 @@ def test_an_early_return_inside_a_loop_is_declined():
     ), dc
 
 
-@pytest.mark.parametrize("cls", [B.BufferCopy, B.LocalUpdates], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [B.BufferCopy, B.LocalUpdates, B.AddUpdates], ids=lambda c: c.__name__)
 def test_in_place_updates_in_branches_write_the_selected_value(cls):
     """`self.running.copy_(m)`, `y.mul_(2)`, `y.masked_fill_(...)`, `y.clamp_(...)` as the last
     statement of a branch: `t.copy_(torch.where(c, new, t))`; outputs and buffers as eager's
@@ -209,10 +209,70 @@ def test_in_place_updates_in_branches_write_the_selected_value(cls):
     assert len(backend.graphs) == 1
 
 
-def test_an_in_place_update_before_other_statements_of_its_branch_is_declined():
-    report = graphmend.mend(B.InPlaceNotLast(), P)
+def test_a_name_updated_in_place_on_one_path_and_assigned_on_another_is_declined():
+    """`s.add_(1)` on one path, `s = x * 2` on the other: copying the select back into `s`
+    would change, on the second path, the tensor eager let go (`kept` shares it). Declined
+    with the reason; `kept` as eager's on both paths."""
+    for x in (P, N):
+        expected = B.InPlaceOrRebound()(x)
+        compiled = graphmend.compile(B.InPlaceOrRebound(), example_inputs=(x,))
+        (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+        assert dc.status == "declined" and dc.reason.startswith(
+            "torch.where: `s = x * 2`: an assignment to a name a path updates in place"
+        ), dc
+        with torch.no_grad():
+            assert all(bits_equal(a, b) for a, b in zip(expected, compiled(x)))
+        graphmend.unmend()
+
+
+def test_an_in_place_update_before_other_statements_of_its_branch_is_computed_out_of_place():
+    """Found by the 5,000-program run (20% of its declines): `y.add_(1)` before other
+    statements of its branch. The statements after it read the update through `y`, so it
+    is computed out of place into a temporary and copied back at the end; a second
+    update of `y` follows the first. One graph, `y` and `z` as eager's on both paths."""
+    backend = CountingBackend()
+    compiled = graphmend.compile(B.InPlaceNotLast(), backend=backend, example_inputs=(P,))
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied" and "torch.where (y, z; in place)" in dc.reason, dc
+    for x in (P, N, P):
+        with torch.no_grad():
+            assert all(bits_equal(a, b) for a, b in zip(B.InPlaceNotLast()(x), compiled(x)))
+    assert len(backend.graphs) == 1
+
+
+def test_an_in_place_update_before_a_statement_reading_a_view_of_it_is_declined():
+    """`v = y[0]` before the if: eagerly `z = v * 2` after `y.add_(1)` reads the updated
+    values, which a temporary would not. Declined with the name; outputs as eager's."""
+    report = graphmend.mend(B.InPlaceThenAlias(), P)
     (dc,) = [o for o in report.outcomes if o.category == "DC"]
-    assert dc.status == "declined" and "an in-place update before other statements of its branch" in dc.reason, dc
+    assert dc.status == "declined" and dc.reason.startswith(
+        "torch.where: `y.add_(1)`: an in-place update before other statements of its branch, which read `v`: "
+        "it may share `y`'s storage; torch.cond: "
+    ), dc
+    for x in (P, N):
+        with torch.no_grad():
+            got = graphmend.compile(B.InPlaceThenAlias(), example_inputs=(x,))(x)
+        assert all(bits_equal(a, b) for a, b in zip(B.InPlaceThenAlias()(x), got))
+        graphmend.unmend()
+
+
+def test_a_select_of_a_view_of_a_tensor_updated_after_the_if_is_declined():
+    """`v = s.detach()` on one path and `s.add_(5)` after the if: eagerly `v` shows the
+    update; a select's or torch.cond's new tensor would not. Declined with the reason."""
+    report = graphmend.mend(B.SelectedViewUpdatedAfter(), P)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    line = dc.line + 4  # `s.add_(5)`
+    assert dc.status == "declined" and dc.reason == (
+        f"torch.where: `v` may be `s` or a view of it on a path, and `s` is updated in place after the if (line {line}): "
+        "the select makes a new tensor; torch.cond: `v` may be `s` or a view of it on a path, and `s` is updated in "
+        f"place after the if (line {line}): torch.cond's output is a new tensor"
+    ), dc
+    for x in (P, N):
+        expected = B.SelectedViewUpdatedAfter()(x)
+        with torch.no_grad():
+            got = graphmend.compile(B.SelectedViewUpdatedAfter(), example_inputs=(x,))(x)
+        assert bits_equal(expected, got)
+        graphmend.unmend()
 
 
 def test_a_static_operand_of_or_stays_a_python_if_around_the_predicated_part():
@@ -348,6 +408,33 @@ def test_a_tuple_from_a_pure_helper_method_in_a_branch_is_run_by_torch_cond():
     report = graphmend.mend(B.HelperMethodPrints(), P)
     (dc,) = [o for o in report.outcomes if o.category == "DC"]
     assert dc.status == "declined" and "HelperMethodPrints._helper calls `print`, not known to be pure" in dc.reason
+
+
+def test_an_elif_chain_whose_branches_call_modules_runs_as_nested_torch_cond():
+    """Found by the 5,000-program run's sample (26 of its 95 declines): an elif chain whose
+    branches call modules (`h = self.lin(h)`) was declined, as torch.where would run every
+    module and torch.cond was not tried in a chain. Now nested torch.cond, one per test: one
+    graph where plain torch.compile makes more, outputs as eager's on every path; under
+    autograd the original branches run, with eager's gradients."""
+    inputs = [(P,), (N,), (N * 0.1,)]  # the if, the elif, the else
+    plain = CountingBackend()
+    _compiled_results(torch.compile(B.ChainCallingModules(), backend=plain), inputs, grad=False)
+    assert len(plain.graphs) > 1
+    _, report = check_form(B.ChainCallingModules, inputs)
+    (dc,) = [o for o in report.outcomes if o.category == "DC"]
+    assert dc.reason.startswith("torch.cond (nested, one per test) (h): the branches call modules"), dc
+    for (x,) in inputs:
+        model = B.ChainCallingModules()
+        reference = copy.deepcopy(model)
+        compiled = graphmend.compile(model, backend=CountingBackend())
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, got = reference(a), compiled(b)
+        expected.sum().backward()
+        got.sum().backward()
+        assert bits_equal(expected.detach(), got.detach()) and bits_equal(a.grad, b.grad)
+        assert all(bits_equal(p.grad, q.grad) if p.grad is not None else q.grad is None
+                   for p, q in zip(reference.parameters(), model.parameters()))
+        graphmend.unmend()
 
 
 class _Counts:
@@ -674,7 +761,7 @@ def test_buffer_updated_in_place_without_recompile():
 DECLINES = [
     (B.ElifTestCanRaise, "the elif test `x[:, 3].sum() > 0`: indexing can go out of range"),
     (B.Loop, "while loop"),
-    (B.PrintInBranch, "`x.mul_(1.0)`: an in-place update of a value the branch assigned"),
+    (B.PrintInBranch, "`x.mul_(1.0)`: an in-place update of a name a path assigns"),
     (B.CustomModuleCall, "Counter, not a known stateless layer"),
     (B.Indexing, "indexing"),
     (B.OnePathOnly, "assigned on one path only and read after"),

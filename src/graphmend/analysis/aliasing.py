@@ -22,7 +22,14 @@ import ast
 from typing import Any, Callable
 
 from graphmend.analysis.effects import root_of, self_attribute
-from graphmend.analysis.source import definition_of
+from graphmend.analysis.facts import (
+    PURE_TENSOR_METHODS,
+    PURE_TORCH_FUNCTIONS,
+    FunctionFacts,
+    is_tensor_expr,
+    is_torch_attr,
+)
+from graphmend.analysis.source import RUNTIME_NAME, definition_of
 
 # Methods whose result may share its receiver's storage (or be the receiver).
 VIEW_METHODS = frozenset(
@@ -280,3 +287,157 @@ def own_nodes(fdef: ast.AST):
         yield node
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(node))
+
+
+# What a parameter, an attribute, a global or an unknown callee's result may share:
+# one class for all of them.
+OUTSIDE = "<outside>"
+# Pure methods and torch functions that may hand back their input or a view of it.
+_MAY_BE_INPUT = frozenset({"type_as", "bfloat16", "broadcast_to", "flatten", "squeeze", "unsqueeze", "transpose"})
+# Builtins that neither keep nor return their arguments' tensors.
+_HOLDS_NOTHING = frozenset({"print", "len", "isinstance", "hasattr", "str", "repr", "format", "range", "float", "int", "bool"})
+
+
+class Sharing:
+    """Which names of a function may hold tensors sharing storage, at any point of it
+    (flow-insensitive classes, built once over the whole function).
+
+    Two names share a class when one is assigned a value that may be, view or hold
+    the other's (``v = s[0]``, ``v = s.view(-1)``, ``v = s if c else h``), when a call
+    may keep one in the other (``items.append(h)``, ``s.copy_(h)``, any call not known
+    to make a new tensor), or when both may come from outside the call (parameters,
+    attributes, globals, what an unknown callee returns). ``new_tensor`` tells the calls
+    whose result is a new tensor and that keep nothing (``h.mean()``, ``torch.relu(h)``);
+    a nested function, lambda, ``global`` or ``nonlocal`` puts every name it reads
+    outside. A runtime call's result may share its arguments; it keeps none in another."""
+
+    def __init__(self, fdef: ast.AST, facts: FunctionFacts) -> None:
+        self._parent: dict[str, str] = {}
+        self._facts = facts
+        args = fdef.args  # type: ignore[attr-defined]
+        params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+        params += [extra.arg for extra in (args.vararg, args.kwarg) if extra is not None]
+        self._locals = set(params) | {
+            n.id for n in own_nodes(fdef) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+        for name in params:
+            self._union(name, OUTSIDE)
+        for node in own_nodes(fdef):
+            self._visit(node)
+
+    def may_share(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` may hold tensors sharing storage."""
+        return self._find(self._name(a)) == self._find(self._name(b))
+
+    def is_outside(self, name: str) -> bool:
+        """Whether ``name`` may share storage with something from outside the call."""
+        return self.may_share(name, OUTSIDE)
+
+    def sharers(self, name: str) -> set[str]:
+        """The function's names that may share storage with ``name`` (``name`` too)."""
+        return {n for n in self._locals if self.may_share(n, name)}
+
+    def _visit(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            self._union(OUTSIDE, *(n.id for n in ast.walk(node) if isinstance(n, ast.Name)))
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            self._union(OUTSIDE, *node.names)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None:
+                self._union(*(r for t in targets for r in self._roots(t)), *self._sources(node.value))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            self._union(*self._roots(node.target), *self._sources(node.iter))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            self._union(OUTSIDE, *self._roots(node.optional_vars))
+        elif isinstance(node, ast.Call) and not self._new_tensor(node) and not self._holds_nothing(node):
+            if not _is_runtime(node):
+                self._union(*self._sources(node))  # a call may keep one argument in another
+
+    def _roots(self, target: ast.AST) -> list[str]:
+        """The names a store to ``target`` binds or changes (``h``, ``cache[i]``: cache)."""
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return [r for e in target.elts for r in self._roots(e)]
+        while isinstance(target, (ast.Attribute, ast.Subscript, ast.Starred)):
+            target = target.value
+        return [self._name(target.id)] if isinstance(target, ast.Name) else [OUTSIDE]
+
+    def _sources(self, node: ast.AST) -> list[str]:
+        """The names whose tensors the value of ``node`` may be, view or hold."""
+        if isinstance(node, ast.Name):
+            return [self._name(node.id)]
+        if isinstance(node, (ast.Constant, ast.JoinedStr, ast.Compare, ast.UnaryOp)):
+            return []
+        if isinstance(node, ast.BinOp):  # a new tensor, but `a + b` of lists (or `a | b` of sets) holds their items
+            if not _may_hold_items(node) or any(self._tensorish(side) for side in (node.left, node.right)):
+                return []
+            return self._sources(node.left) + self._sources(node.right)
+        if isinstance(node, ast.Call):
+            if self._new_tensor(node) or self._holds_nothing(node):
+                return []
+            parts = [*node.args, *(k.value for k in node.keywords)]
+            if _is_runtime(node):
+                return [r for part in parts for r in self._sources(part)]
+            unknown = [] if isinstance(node.func, ast.Attribute) and returns_receiver(node.func.attr) else [OUTSIDE]
+            return unknown + [r for part in [node.func, *parts] for r in self._sources(part)]
+        if isinstance(node, (ast.Lambda, ast.Await, ast.Yield, ast.YieldFrom)):
+            return [OUTSIDE]
+        return [r for child in ast.iter_child_nodes(node) for r in self._sources(child)]
+
+    def _new_tensor(self, call: ast.Call) -> bool:
+        """A pure method or torch function whose result is a new tensor (``h.mean()``, ``torch.relu(h)``)."""
+        if any(k.arg in ("out", "inplace") for k in call.keywords):
+            return False
+        fn = is_torch_attr(call.func, self._facts)
+        if fn is not None:
+            return fn in PURE_TORCH_FUNCTIONS and fn not in _MAY_BE_INPUT
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+        return method in PURE_TENSOR_METHODS and not returns_receiver(method) and method not in _MAY_BE_INPUT
+
+    def _tensorish(self, node: ast.AST, assumed: frozenset[str] = frozenset()) -> bool:
+        """A tensor or a float (no container joins with it): a float literal, what a pure
+        method or torch function makes, arithmetic on one, a name only ever assigned one
+        (``h = h * 2`` taken as one while ``h`` is being judged)."""
+        if isinstance(node, ast.UnaryOp):
+            return self._tensorish(node.operand, assumed)
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, float)
+        if isinstance(node, ast.Call):
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            return self._new_tensor(node) and method not in ("dim", "numel", "size", "max", "min")
+        if isinstance(node, ast.BinOp):
+            return self._tensorish(node.left, assumed) or self._tensorish(node.right, assumed)
+        if isinstance(node, ast.Name):
+            if node.id in assumed or node.id in self._facts.tensor_params:
+                return True
+            values = self._facts.assignments.get(node.id, [])
+            return bool(values) and all(self._tensorish(v, assumed | {node.id}) for v in values)
+        return is_tensor_expr(node, self._facts)
+
+    def _holds_nothing(self, call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Name) and call.func.id in _HOLDS_NOTHING and call.func.id not in self._locals
+
+    def _name(self, name: str) -> str:
+        return name if name in self._locals else OUTSIDE
+
+    def _find(self, name: str) -> str:
+        while self._parent.get(name, name) != name:
+            name = self._parent[name]
+        return name
+
+    def _union(self, *names: str) -> None:
+        roots = [self._find(n) for n in names]
+        for root in roots[1:]:
+            if root != roots[0]:
+                self._parent[root] = roots[0]
+
+
+def _is_runtime(call: ast.Call) -> bool:
+    """A call of graphmend's runtime (``__graphmend_rt__.print_(...)``)."""
+    func = call.func
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == RUNTIME_NAME
+
+
+def _may_hold_items(node: ast.BinOp) -> bool:
+    """Whether the operator joins containers too (lists, tuples, sets, dicts)."""
+    return isinstance(node.op, (ast.Add, ast.Mult, ast.BitOr, ast.BitAnd, ast.BitXor, ast.Sub))

@@ -38,7 +38,7 @@ PURE_TORCH_FUNCTIONS = frozenset(
 
 # tensor.<method>(...) that return tensors (or metadata) without side effects.
 PURE_TENSOR_METHODS = frozenset(
-    """abs all amax amin any argmax argmin bfloat16 bool ceil clamp clamp_max clamp_min clip clone contiguous cos
+    """abs add all amax amin any argmax argmin bfloat16 bool ceil clamp clamp_max clamp_min clip clone contiguous cos
     chunk cumsum detach dim div double eq exp expand expand_as flatten flip float floor ge gt half int isfinite isinf isnan
     le log log_softmax logical_and logical_not logical_or long lt masked_fill max maximum mean min minimum mul
     nan_to_num ne neg norm numel permute pow prod reciprocal relu reshape round rsqrt sigmoid sign sin size

@@ -29,7 +29,8 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
-from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.aliasing import Sharing, alias_roots
+from graphmend.analysis.facts import FunctionFacts, updated_after
 from graphmend.analysis.purity import Emptiness, same_numel_name, speculation_blockers
 from graphmend.analysis.speculated import Tested
 from graphmend.rules import Decline, RewriteContext
@@ -193,6 +194,11 @@ class Speculation:
     # Names a nested if binds on some of its paths only: no value after it (the caller
     # declines when one is read after the site).
     dropped: set[str] = field(default_factory=set)
+    # Names an assignment on some path binds: one also updated in place on another path
+    # (or later on the same) is declined, as the copy back would change the tensor the
+    # assignment let go (which other names may still hold).
+    rebound: set[str] = field(default_factory=set)
+    _sharing: Sharing | None = None
 
     def branch(
         self,
@@ -234,9 +240,9 @@ class Speculation:
             if update is not None:
                 key, computed = update
                 if node is not block[-1] or not last:
-                    raise Decline(f"`{ast.unparse(node)}`: an in-place update before other statements of its branch")
-                if key in env:
-                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value the branch assigned")
+                    self._before_others(node, key, todo, last)
+                if key in self.rebound:
+                    raise Decline(f"`{ast.unparse(node)}`: an in-place update of a name a path assigns")
                 if not (key.startswith("self.") or key in self.bound):
                     raise Decline(f"`{ast.unparse(node)}`: an in-place update of a value not bound before the if")
                 self.inplace.add(key)  # type: ignore[union-attr]
@@ -246,6 +252,10 @@ class Speculation:
                 key, computed = ast.unparse(node.targets[0]), node.value
             else:
                 raise Decline(f"assignment to `{ast.unparse(node.targets[0])}` (only names and self.<attr> are predicated)")
+            if update is None:
+                if key in (self.inplace or ()):
+                    raise Decline(f"`{ast.unparse(node)}`: an assignment to a name a path updates in place")
+                self.rebound.add(key)
             value = self._value(computed, env, known, gates, f"`{ast.unparse(node)}`")
             temp = self.ctx.fresh(side)
             root = same_numel_name(computed)
@@ -257,6 +267,47 @@ class Speculation:
             env[key] = temp
             known.add(key)
         return env
+
+    def _before_others(self, node: ast.stmt, key: str, rest: list[ast.stmt], last: bool) -> None:
+        """An in-place update with statements after it in its branch: they read its value
+        through ``key`` (the temporary that holds it), so none may read another name that
+        could share ``key``'s storage: eagerly that name would show the update, here not
+        until the copy back at the end (``aliasing.Sharing``)."""
+        what = f"`{ast.unparse(node)}`: an in-place update before other statements of its branch"
+        if not last or key.startswith("self."):
+            raise Decline(what)
+        sharing = self.sharing()
+        if sharing.is_outside(key):
+            raise Decline(f"{what}, of a tensor that may come from outside the function")
+        read = {n.id for stmt in rest for n in ast.walk(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read.discard(key)
+        for name in sorted(read):
+            if sharing.may_share(key, name):
+                raise Decline(f"{what}, which read `{name}`: it may share `{key}`'s storage")
+
+    def sharing(self) -> Sharing:
+        """Which names of the function may share storage (built once per site)."""
+        if self._sharing is None:
+            self._sharing = Sharing(self.ctx.fdef, self.facts)
+        return self._sharing
+
+    def view_roots(self, temp: str) -> set[str]:
+        """The names bound before the if whose tensor the branch value ``temp`` may be or view."""
+        roots: set[str] = set()
+        todo = [temp]
+        while todo:
+            for root in alias_roots(self.values.get(todo.pop(), ast.Constant(None))):
+                if root in self.values:
+                    todo.append(root)  # an earlier temporary of the branch
+                else:
+                    roots.add(root)
+        return roots
+
+    def kept_after(self, stmt: ast.If, target: str, values: list[str]) -> None:
+        """Declines a select of ``target`` whose eager value may change in place after the if."""
+        roots = {root for value in values for root in self.view_roots(value)}
+        tied_after(self.ctx.fdef, stmt, target, roots, self.sharing(), "the select makes a new tensor")
+
 
     def _value(
         self, computed: ast.expr, env: dict[str, str], known: set[str], gates: dict[str, str] | None, what: str
@@ -443,3 +494,23 @@ def _kept_as_at_check(keywords: list[ast.keyword], env: dict[str, str]) -> list[
 
 def _strings(values: tuple) -> ast.Tuple:
     return ast.Tuple(elts=[ast.Constant(v) for v in values], ctx=ast.Load())
+
+
+def tied_after(fdef: ast.AST, stmt: ast.If, target: str, roots: set[str], sharing: Sharing, made: str) -> None:
+    """Declines a new tensor for ``target`` (a select, torch.cond's output) where eager's
+    value stays tied to another tensor after the if and that one changes in place later:
+    the name itself, or what a path's value may be or view (``roots``: ``v = s.detach()``
+    with ``s.add_(1)`` after the if; a local that may share it too)."""
+    mutated = updated_after(fdef, stmt, target)  # type: ignore[arg-type]
+    if mutated is not None:
+        raise Decline(
+            f"`{target}` is updated in place after the if (line {mutated.lineno}): {made}, where the original "
+            "kept the one the path assigned (which other names may share)"
+        )
+    for name in sorted(roots | {n for r in roots if not sharing.is_outside(r) for n in sharing.sharers(r)}):
+        mutated = updated_after(fdef, stmt, name)  # type: ignore[arg-type]
+        if mutated is not None:
+            raise Decline(
+                f"`{target}` may be `{name}` or a view of it on a path, and `{name}` is updated in place after "
+                f"the if (line {mutated.lineno}): {made}"
+            )

@@ -8,10 +8,12 @@ from __future__ import annotations
 import ast
 import copy
 
+from graphmend.analysis.aliasing import Sharing, alias_roots
 from graphmend.analysis.callers import updated_by_callers
-from graphmend.analysis.facts import FunctionFacts, live_after, updated_after
+from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.analysis.shapes import shape_blockers
+from graphmend.analysis.speculated import Tested
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
     Substitute,
@@ -21,52 +23,75 @@ from graphmend.rules._ast import (
     store_name,
 )
 from graphmend.rules._predicate import add_guards
+from graphmend.rules._where_branch import tied_after
+from graphmend.rules._where_select import side as select_side
 
 
 class CondForm:
     """The ``torch.cond`` form of :class:`~graphmend.rules.where.Where`."""
 
-    def _cond(
+    def _cond_instead(
         self,
         stmt: ast.If,
-        cond: str,
+        arms: list[tuple[str | None, list[ast.stmt]]],
+        where_reason: Decline,
         facts: FunctionFacts,
         bound: set[str],
         ctx: RewriteContext,
         guards: list[ast.expr],
+        proof: Tested,
     ) -> list[ast.stmt]:
-        """Run only the branch the test picks, inside the graph, with torch.cond.
+        """The torch.cond form where torch.where declined (``where_reason``) and a branch
+        calls something; where it declines too, both reasons."""
+        if not any(isinstance(n, ast.Call) for _, block in arms for node in block for n in ast.walk(node)):
+            raise where_reason
+        try:
+            return self._cond(stmt, arms, facts, bound, ctx, guards, proof.nonempty)
+        except Decline as cond_reason:
+            raise Decline(f"torch.where: {where_reason.reason}; torch.cond: {cond_reason.reason}") from None
 
-        Chosen when a branch calls modules or functions: computing both sides
-        would double their cost (or run effects). The callees must be pure:
+    def _cond(
+        self,
+        stmt: ast.If,
+        arms: list[tuple[str | None, list[ast.stmt]]],
+        facts: FunctionFacts,
+        bound: set[str],
+        ctx: RewriteContext,
+        guards: list[ast.expr],
+        nonempty: frozenset[str],
+    ) -> list[ast.stmt]:
+        """Run only the branch the tests pick, inside the graph, with torch.cond
+        (an ``elif`` chain: nested, ``torch.cond(c0, b0, lambda: torch.cond(c1, b1, b2))``).
+
+        Chosen when a branch calls modules or functions: computing every side
+        would multiply their cost (or run effects). The callees must be pure:
         standard stateless torch.nn layers in eval mode (checked while
-        tracing), or functions whose source is pure."""
+        tracing), or functions whose source is pure. ``arms``: each test's name
+        (None for the else) and its block; ``nonempty``: what the tests prove."""
+        blocks = [block for _, block in arms]
         targets: list[str] = []
-        for block in (stmt.body, stmt.orelse):
+        for block in blocks:
             for node in block:
                 names = _assigned(node)
                 if names is None:
                     raise Decline("a branch holds a statement other than an assignment to a name or a tuple of names")
                 targets += [name for name in names if name not in targets]
         outputs: list[str] = []
+        sharing = Sharing(ctx.fdef, facts)
         for name in targets:
-            in_true = any(name in (_assigned(n) or ()) for n in stmt.body)
-            in_false = any(name in (_assigned(n) or ()) for n in stmt.orelse)
-            if not (in_true and in_false) and name not in bound:
+            if not all(any(name in (_assigned(n) or ()) for n in block) for block in blocks) and name not in bound:
                 if live_after(ctx.fdef, stmt, name):
                     raise Decline(f"`{name}` is assigned on one path only and read after the if")
                 continue
-            mutated = updated_after(ctx.fdef, stmt, name)
-            if mutated is not None:
-                raise Decline(f"`{name}` is updated in place after the if (line {mutated.lineno}): torch.cond's output is a new tensor")
+            made = "torch.cond's output is a new tensor"
+            tied_after(ctx.fdef, stmt, name, _view_roots(blocks, name), sharing, made)
             handed = updated_by_callers(ctx.chains, ctx.fdef, name)
             if handed:
                 raise Decline(f"`{name}` is returned as it is and {handed}: torch.cond's output is a new tensor")
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")
-        nonempty = self._tested(stmt, facts).nonempty
-        for block in (stmt.body, stmt.orelse):
+        for block in blocks:
             known = set(bound)
             assigned: set[str] = set()  # in this branch so far: no longer what the test reduced
             for node in block:
@@ -98,14 +123,15 @@ class CondForm:
             )
         functions: list[ast.stmt] = []
         names: list[str] = []
-        for side, block in (("true", stmt.body), ("false", stmt.orelse)):
+        for index, block in enumerate(blocks):
+            side = "true" if index == 0 else "false" if index == len(blocks) - 1 else "elif"
             fname = ctx.fresh(f"{side}_branch")
             names.append(fname)
             env: dict[str, str] = {}
             inner: list[ast.stmt] = []
             for node in block:
                 value = Substitute(env).visit(copy.deepcopy(node.value))  # type: ignore[attr-defined]
-                temps = {name: ctx.fresh("t" if side == "true" else "f") for name in _assigned(node) or ()}
+                temps = {name: ctx.fresh(select_side(index, len(blocks))) for name in _assigned(node) or ()}
                 target = node.targets[0]  # type: ignore[attr-defined]
                 if isinstance(target, ast.Tuple):  # `h, s = helper(h, s)`: unpacked as written, into temporaries
                     inner.append(assign_to(ast.Tuple(elts=[store_name(t) for t in temps.values()], ctx=ast.Store()), value))
@@ -121,30 +147,24 @@ class CondForm:
                 ],
                 ctx=ast.Load(),
             )
-            functions.append(
-                ast.FunctionDef(
-                    name=fname,
-                    args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
-                    body=[*inner, ast.Return(value=result)],
-                    decorator_list=[],
-                    returns=None,
-                )
-            )
-        call = ast.Call(
-            func=ctx.torch("cond"),
-            args=[load_name(cond), load_name(names[0]), load_name(names[1]), ast.Tuple(elts=[], ctx=ast.Load())],
-            keywords=[],
-        )
+            functions.append(_function(fname, [*inner, ast.Return(value=result)]))
+        conds = [cond for cond, _ in arms[:-1]]
+        call = _cond_call(ctx, conds[-1], names[-2], names[-1])
+        for index in range(len(conds) - 2, -1, -1):  # an elif chain: each test's else is the next torch.cond
+            rest = ctx.fresh("rest")
+            functions.append(_function(rest, [ast.Return(value=call)]))
+            call = _cond_call(ctx, conds[index], names[index], rest)  # type: ignore[arg-type]
         target = ast.Tuple(elts=[store_name(o) for o in outputs], ctx=ast.Store())
+        nested = " (nested, one per test)" if len(arms) > 2 else ""
         ctx.notes.append(
-            f"torch.cond ({', '.join(outputs)}): the branches call modules or functions, so only the taken one runs"
+            f"torch.cond{nested} ({', '.join(outputs)}): the branches call modules or functions, so only the taken one runs"
         )
-        held = self._held(stmt, outputs, facts, ctx)
+        held = self._held(blocks, outputs, facts, ctx)
         bind = ast.Expr(value=ast.Call(func=ctx.runtime("bind"), args=held, keywords=[]))
         return [*functions, *([bind] if held else []), assign_to(target, call)]
 
     @staticmethod
-    def _held(stmt: ast.If, outputs: list[str], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.expr]:
+    def _held(blocks: list[list[ast.stmt]], outputs: list[str], facts: FunctionFacts, ctx: RewriteContext) -> list[ast.expr]:
         """The objects the branches reach, to show Dynamo before ``torch.cond``
         (``runtime.bind``): the names they read from outside (not torch, not
         builtins; an output a branch leaves unchanged is read there too) and
@@ -156,7 +176,7 @@ class CondForm:
 
         names: list[str] = []
         attrs: list[str] = []
-        for block in (stmt.body, stmt.orelse):
+        for block in blocks:
             assigned: set[str] = set()
             for node in block:
                 for sub in ast.walk(node.value):  # type: ignore[attr-defined]
@@ -249,6 +269,18 @@ class CondForm:
         return ast.Compare(left=mine, ops=[ast.Is()], comparators=[ast.Attribute(value=load_name(owner), attr=name, ctx=ast.Load())])
 
 
+def _function(name: str, body: list[ast.stmt]) -> ast.FunctionDef:
+    """``def name(): <body>``."""
+    args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+    return ast.FunctionDef(name=name, args=args, body=body, decorator_list=[], returns=None)
+
+
+def _cond_call(ctx: RewriteContext, cond: str, true: str, false: str) -> ast.Call:
+    """``torch.cond(cond, true, false, ())``."""
+    args = [load_name(cond), load_name(true), load_name(false), ast.Tuple(elts=[], ctx=ast.Load())]
+    return ast.Call(func=ctx.torch("cond"), args=args, keywords=[])
+
+
 def _attribute_stores(node: ast.AST) -> list[ast.AST]:
     """``x.a = ...``, ``x.a += ...``, ``del x.a`` and ``setattr(...)`` / ``delattr(...)`` calls in ``node``."""
     found: list[ast.AST] = []
@@ -322,6 +354,20 @@ def _attribute_store_before(stmt: ast.If, ctx: RewriteContext) -> str | None:
             if found is not None:
                 return found
     return None
+
+
+def _view_roots(blocks: list[list[ast.stmt]], name: str) -> set[str]:
+    """The names from before the if whose tensor a branch's value of ``name`` may be or
+    view (through the branch's own assignments; a tuple's parts are not followed)."""
+    roots: set[str] = set()
+    for block in blocks:
+        env: dict[str, set[str]] = {}
+        for node in block:
+            names = _assigned(node) or []
+            found = set().union(*(env.get(r, {r}) for r in alias_roots(node.value)))  # type: ignore[attr-defined]
+            env.update({n: found if len(names) == 1 else set() for n in names})
+        roots |= env.get(name, set())
+    return roots
 
 
 def _assigned(node: ast.stmt) -> list[str] | None:

@@ -15,7 +15,11 @@ A Python ``if`` whose test is a tensor:
   with the rest of the function (its prints performed only on their path);
 * ``if/elif/.../else`` chains of any length of either kind, as nested
   selects: every test is evaluated up front (so a test after the first must
-  be safe to evaluate on every call) and every branch computed;
+  be safe to evaluate on every call) and every branch computed (where branches
+  call modules, nested ``torch.cond``, one per test);
+* in-place updates in a branch (``t.add_(v)``, ``copy_``, ``mul_``...): computed
+  out of place, what follows in the branch reading the temporary, and copied
+  back, ``t.copy_(torch.where(c, new, t))``;
 * an update without ``else``: ``if c: h = f(h)``, including several
   statements, body-local temporaries (a name no later path reads before
   assigning it), and ``self.<attr> = ...`` stores;
@@ -73,7 +77,7 @@ while tracing) sends a subclass's own method, never proven, to the original.
   or act on a call where the original never reached it, or whose static
   operand may guard the next (``x is not None and ...``: evaluated up front
   with the rest, a metadata operand such as ``h.dim() > 2 or ...`` is
-  decided while tracing); ``torch.cond`` inside an ``elif`` chain; an early return inside a
+  decided while tracing); an early return inside a
   loop or block, or in a function that does not end in ``return <value>``;
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
@@ -96,6 +100,9 @@ while tracing) sends a subclass's own method, never proven, to the original.
 - a name assigned on one path only and read after the ``if``; a
   ``self.<attr>`` store where no module of the model has that attribute yet
   (the select reads it on every call) or it holds a Python number;
+- an in-place update followed in its branch by a statement that reads a name
+  that may share the updated tensor's storage (``v = t[0]`` earlier: eagerly
+  ``v`` shows the update) or that may come from outside; of a name a path assigns;
 - a selected name updated in place after the ``if`` (``h.add_(1)``,
   ``h[0] = 0``, ``h += 1``): the select makes a new tensor, where the
   original path kept the one it assigned, which other names (the caller's
@@ -138,7 +145,6 @@ from graphmend.analysis.facts import (
     FunctionFacts,
     bound_before,
     live_after,
-    updated_after,
 )
 from graphmend.analysis.gradients import (
     Reach,
@@ -235,13 +241,7 @@ class Where(CondForm, TrailingCallForm, Rule):
             try:
                 predicated, grad = self._assignments(stmt, two_way, facts, bound, ctx, guards, proof)
             except Decline as where_reason:
-                calls = [n for b in (stmt.body, stmt.orelse) for s in b for n in ast.walk(s) if isinstance(n, ast.Call)]
-                if not calls:
-                    raise
-                try:
-                    predicated, grad = self._cond(stmt, cond, facts, bound, ctx, guards), None
-                except Decline as cond_reason:
-                    raise Decline(f"torch.where: {where_reason.reason}; torch.cond: {cond_reason.reason}") from None
+                predicated, grad = self._cond_instead(stmt, two_way, where_reason, facts, bound, ctx, guards, proof), None
         guarded = self._guarded([(cond, lowered)], guards, grad, predicated, fallback, ctx, pre, {cond} if pre else set())
         if static is not None and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or):
             ctx.notes.append(f"static test `{ast.unparse(static)}` kept as a Python if, its branch as written")
@@ -292,7 +292,10 @@ class Where(CondForm, TrailingCallForm, Rule):
             )
             ctx.notes.append(f"if/elif returns ({len(named)} ways) predicated with nested torch.where")
         else:
-            predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, proof)
+            try:
+                predicated, grad = self._assignments(stmt, named, facts, bound, ctx, guards, proof)
+            except Decline as where_reason:
+                predicated, grad = self._cond_instead(stmt, named, where_reason, facts, bound, ctx, guards, proof), None
         speculated = speculated if pre else set()  # evaluated only when the guards hold: as written in the original
         as_written = {cond: test for (cond, lowered), (test, _) in zip(tests, arms) if lowered is not test or cond in speculated}
         fallback = select.original(named, as_written)  # a lowered test runs as written there
@@ -516,15 +519,11 @@ class Where(CondForm, TrailingCallForm, Rule):
                 if live_after(ctx.fdef, stmt, target):
                     raise Decline(f"`{target}` is assigned on one path only and read after the if")
                 continue  # a temporary of one branch, never read afterwards
-            mutated = None if is_attr else updated_after(ctx.fdef, stmt, target)
-            if mutated is not None:
-                raise Decline(
-                    f"`{target}` is updated in place after the if (line {mutated.lineno}): the select makes a new "
-                    "tensor, where the original kept the one the path assigned (which other names may share)"
-                )
-            if not is_attr:
+            values = [env.get(target, target) for env in envs]
+            if not is_attr and target not in inplace:  # copied back in place: the tensor it was
+                spec.kept_after(stmt, target, values)
                 _handed_back([target], ctx)
-            selects.append((target, [env.get(target, target) for env in envs]))
+            selects.append((target, values))
         if not selects and effects and not spec.nested:
             ctx.notes.append("effects only: each happens when its branch would have run")
             spec.out.extend(spec.pending)

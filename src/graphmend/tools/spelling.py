@@ -91,7 +91,7 @@ def readable_temporaries(node: ast.AST, taken: set[str]) -> ast.AST:
     a test ``cond``; a branch's value of ``h`` ``h_then`` / ``h_elif`` / ``h_else``
     (the name the value is assigned to); others by their stem. A name the file
     or builtins use already gets ``_2``, ``_3``..."""
-    temps = list(dict.fromkeys(n.id for n in _in_order(node) if isinstance(n, ast.Name) and _TEMPORARY.match(n.id)))
+    temps = list(dict.fromkeys(_name_of(n) for n in _in_order(node) if _TEMPORARY.match(_name_of(n))))
     used = taken | names_in(node) | set(dir(builtins))
     names: dict[str, str] = {}
     for temp in temps:
@@ -106,7 +106,14 @@ def readable_temporaries(node: ast.AST, taken: set[str]) -> ast.AST:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Name) and sub.id in names:
             sub.id = names[sub.id]
+        elif isinstance(sub, ast.FunctionDef) and sub.name in names:  # torch.cond's branch functions
+            sub.name = names[sub.name]
     return node
+
+
+def _name_of(node: ast.AST) -> str:
+    """The name a node reads, binds or defines (a function's), else ``""``."""
+    return node.id if isinstance(node, ast.Name) else node.name if isinstance(node, ast.FunctionDef) else ""
 
 
 def _in_order(node: ast.AST):
