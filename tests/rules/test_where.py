@@ -410,6 +410,26 @@ def test_a_tuple_from_a_pure_helper_method_in_a_branch_is_run_by_torch_cond():
     assert dc.status == "declined" and "HelperMethodPrints._helper calls `print`, not known to be pure" in dc.reason
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_a_static_guard_in_an_elif_test_lets_what_follows_run_only_where_it_holds(use_bias):
+    """`elif self.bias is not None and h.mean() < -0.5`: the guard was declined ("may guard
+    the operands after it"); now `(h.mean() < -0.5) if self.bias is not None else False`,
+    decided while tracing. With a bias: one graph, outputs as eager's on every path;
+    without, the test is a Python False, so the original runs: as many graphs as plain
+    torch.compile, outputs as eager's."""
+    inputs = [(P,), (N,), (N * 0.1,)]
+    plain = CountingBackend()
+    _compiled_results(torch.compile(B.BiasGuardInElif(use_bias), backend=plain), inputs, grad=False)
+    backend = CountingBackend()
+    compiled = graphmend.compile(B.BiasGuardInElif(use_bias), backend=backend, example_inputs=inputs[0])
+    (dc,) = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert dc.status == "applied", dc
+    for (x,) in inputs:
+        with torch.no_grad():
+            assert bits_equal(B.BiasGuardInElif(use_bias)(x), compiled(x))
+    assert len(backend.graphs) == (1 if use_bias else len(plain.graphs)) and len(plain.graphs) > 1
+
+
 def test_an_elif_chain_whose_branches_call_modules_runs_as_nested_torch_cond():
     """Found by the 5,000-program run's sample (26 of its 95 declines): an elif chain whose
     branches call modules (`h = self.lin(h)`) was declined, as torch.where would run every
@@ -1217,7 +1237,7 @@ GOLDEN = [
         """,
     ),
     golden.case(
-        "elif-test-with-a-static-operand-that-may-guard",
+        "elif-test-with-a-static-operand-that-may-guard-evaluates-the-rest-only-where-it-lets-it",
         """
         def f(x, flag: bool):
             if x.sum() > 0:  # <-
@@ -1228,7 +1248,31 @@ GOLDEN = [
                 y = x - 1
             return y
         """,
-        declined="`flag` may guard the operands after it, which would be evaluated on every call",
+        rewritten="""
+        def f(x, flag: bool):
+            _gm_ok0 = __graphmend_rt__.is_kind(x, 'floating')
+            _gm_c0 = x.sum() > 0
+            _gm_c1 = (x.mean() > 0 if flag else False) if _gm_ok0 else None
+            if _gm_ok0 and __graphmend_rt__.predicable_with_grad(_gm_c0) and __graphmend_rt__.predicable_with_grad(_gm_c1) and __graphmend_rt__.is_kind(x, 'integer', 'floating'):
+                _gm_t0 = x * 2
+                _gm_e0 = x
+                _gm_f0 = x - 1
+                if __graphmend_rt__.same_meta(_gm_t0, _gm_e0) and __graphmend_rt__.same_meta(_gm_t0, _gm_f0):
+                    y = __graphmend_rt__.select(_gm_c0, _gm_t0, __graphmend_rt__.select(_gm_c1, _gm_e0, _gm_f0))
+                elif _gm_c0:
+                    y = _gm_t0
+                elif _gm_c1:
+                    y = _gm_e0
+                else:
+                    y = _gm_f0
+            elif _gm_c0:
+                y = x * 2
+            elif flag and x.mean() > 0:
+                y = x
+            else:
+                y = x - 1
+            return y
+        """,
     ),
     golden.case(
         "elif-test-with-a-metadata-operand",

@@ -81,13 +81,18 @@ def needs_runtime(test: ast.expr, facts: FunctionFacts) -> bool:
 def lower(node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr:
     """The test as one tensor expression (the node itself when it has no and/or/not)."""
     if isinstance(node, ast.BoolOp):
-        values = [lower(v, facts, ctx) for v in node.values]
         if not tensor_atom(node, facts):
-            for guard in node.values[:-1]:  # `x is not None and x.sum() > 0`: the operand after it needs it
-                if is_static_test(guard, facts) and may_guard(guard):
-                    raise Decline(f"`{ast.unparse(guard)}` may guard the operands after it, which would be evaluated on every call")
+            values = []
+            for index, value in enumerate(node.values):
+                if index < len(node.values) - 1 and is_static_test(value, facts) and may_guard(value):
+                    values.append(_guarded_rest(node, index, facts, ctx))
+                    break
+                values.append(lower(value, facts, ctx))
+            if len(values) == 1:
+                return values[0]
             fn = "tensor_and" if isinstance(node.op, ast.And) else "tensor_or"
             return ast.Call(func=ctx.runtime(fn), args=values, keywords=[])
+        values = [lower(v, facts, ctx) for v in node.values]
         fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
         out = values[0]
         for v in values[1:]:
@@ -100,6 +105,19 @@ def lower(node: ast.expr, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr
     if has_boolops(node):
         raise Decline("and/or nested inside another expression")
     return node
+
+
+def _guarded_rest(node: ast.BoolOp, index: int, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr:
+    """``x is not None and x.sum() > 0`` from the static guard at ``index`` on: what
+    follows it evaluated only where the guard lets the original evaluate it,
+    ``(x.sum() > 0) if x is not None else False`` (``or``: ``True if g else ...``),
+    decided while tracing. A Python bool takes the original branch."""
+    rest = node.values[index + 1 :]
+    after = lower(rest[0] if len(rest) == 1 else ast.BoolOp(op=node.op, values=rest), facts, ctx)
+    guard = copy.deepcopy(node.values[index])
+    if isinstance(node.op, ast.And):
+        return ast.IfExp(test=guard, body=after, orelse=ast.Constant(False))
+    return ast.IfExp(test=guard, body=ast.Constant(True), orelse=after)
 
 
 def add_guards(empty: Emptiness, ctx: RewriteContext, guards: list[ast.expr]) -> None:

@@ -74,10 +74,10 @@ while tracing) sends a subclass's own method, never proven, to the original.
 ## When it declines
 - ``while`` loops, branches with statements other than assignments (or a
   single ``return`` each), tuple targets (but ``torch.cond``'s); an ``elif`` test that could raise
-  or act on a call where the original never reached it, or whose static
-  operand may guard the next (``x is not None and ...``: evaluated up front
-  with the rest, a metadata operand such as ``h.dim() > 2 or ...`` is
-  decided while tracing); an early return inside a
+  or act on a call where the original never reached it (a static operand that
+  may guard the next, ``x is not None and ...``, lets what follows run only where
+  it holds: ``(...) if x is not None else False``, decided while tracing; a
+  metadata operand such as ``h.dim() > 2 or ...`` too); an early return inside a
   loop or block, or in a function that does not end in ``return <value>``;
 - a branch value that could raise or act when its branch was not taken:
   calls outside the pure torch functions and tensor methods, in-place
@@ -107,10 +107,8 @@ while tracing) sends a subclass's own method, never proven, to the original.
   ``h[0] = 0``, ``h += 1``): the select makes a new tensor, where the
   original path kept the one it assigned, which other names (the caller's
   input) may share;
-- an operand of ``and``/``or`` that is not provably a tensor after a static
-  one that may guard it (``x is not None and x.sum() > 0`` in a test that
-  is not split); a nested ``if`` on a static test, or assigning a name on
-  some of its paths only that is read after the site.
+- a nested ``if`` on a static test, or assigning a name on some of its
+  paths only that is read after the site.
 
 ## Autograd
 A select of names (not ``self.<attr>`` stores, not ``torch.cond``) also runs
