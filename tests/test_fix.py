@@ -497,31 +497,16 @@ def test_every_rules_rewrite_runs_alone_in_a_fresh_process():
         "guarded: `item_of(h.sum(), 0) > 0` is not proven a 0-dim bool tensor (a whole reduction compared with a number)")
 
 
-CHAIN = """import torch
-from torch import nn
+def _chain_source() -> str:
+    """The fixture model `branches.ChainCallingModules` as a file of its own, with `build()`."""
+    import inspect
 
+    import branches
 
-class Chain(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.act = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
-
-    def forward(self, x):
-        h = x * 1.0
-        if h.sum() > 0:
-            h = self.lin(h)
-        elif h.mean() < -0.5:
-            h = self.act(h) * 2
-        else:
-            h = h - 1
-        return h
-
-
-def build():
-    torch.manual_seed(0)
-    return Chain().eval(), (torch.ones(2, 4),)
-"""
+    return (
+        "import torch\nfrom torch import nn\n\n\n" + inspect.getsource(branches.ChainCallingModules)
+        + "\n\ndef build():\n    torch.manual_seed(0)\n    return ChainCallingModules().eval(), (torch.ones(2, 4),)\n"
+    )
 
 
 def test_a_torch_cond_form_is_written_with_its_branch_functions_and_runs_alone(tmp_path):
@@ -529,7 +514,7 @@ def test_a_torch_cond_form_is_written_with_its_branch_functions_and_runs_alone(t
     written `def` kept the temporary name (`_gm_true_branch0`) while its call read
     `true_branch`, so the written code failed alone (NameError) and nothing was written."""
     path = tmp_path / "chain.py"
-    path.write_text(CHAIN)
+    path.write_text(_chain_source())
     with quiet():
         report = F.fix_target(load_target(f"{path}:build"), root=str(tmp_path))
     assert report.alone == "ran alone in a fresh process: 1 graph(s), as the original eagerly"

@@ -308,7 +308,6 @@ class Speculation:
         roots = {root for value in values for root in self.view_roots(value)}
         tied_after(self.ctx.fdef, stmt, target, roots, self.sharing(), "the select makes a new tensor")
 
-
     def _value(
         self, computed: ast.expr, env: dict[str, str], known: set[str], gates: dict[str, str] | None, what: str
     ) -> ast.expr:

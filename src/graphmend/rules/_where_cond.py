@@ -61,7 +61,8 @@ class CondForm:
         nonempty: frozenset[str],
     ) -> list[ast.stmt]:
         """Run only the branch the tests pick, inside the graph, with torch.cond
-        (an ``elif`` chain: nested, ``torch.cond(c0, b0, lambda: torch.cond(c1, b1, b2))``).
+        (an ``elif`` chain: nested, ``torch.cond(c0, b0, rest)`` where ``rest()`` returns
+        ``torch.cond(c1, b1, b2)``).
 
         Chosen when a branch calls modules or functions: computing every side
         would multiply their cost (or run effects). The callees must be pure:
@@ -78,16 +79,16 @@ class CondForm:
                 targets += [name for name in names if name not in targets]
         outputs: list[str] = []
         sharing = Sharing(ctx.fdef, facts)
+        made = "torch.cond's output is a new tensor"
         for name in targets:
             if not all(any(name in (_assigned(n) or ()) for n in block) for block in blocks) and name not in bound:
                 if live_after(ctx.fdef, stmt, name):
                     raise Decline(f"`{name}` is assigned on one path only and read after the if")
                 continue
-            made = "torch.cond's output is a new tensor"
             tied_after(ctx.fdef, stmt, name, _view_roots(blocks, name), sharing, made)
             handed = updated_by_callers(ctx.chains, ctx.fdef, name)
             if handed:
-                raise Decline(f"`{name}` is returned as it is and {handed}: torch.cond's output is a new tensor")
+                raise Decline(f"`{name}` is returned as it is and {handed}: {made}")
             outputs.append(name)
         if not outputs:
             raise Decline("the branches only assign temporaries")
