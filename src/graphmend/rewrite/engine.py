@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import gc
 import os
 import sys
@@ -92,9 +93,14 @@ class Patch:
 # locate
 
 
+# Resolved once per path: locating a site compares every module's file and every function's
+# with the site's, and resolving them anew each time was most of a small model's mend.
+_realpath = functools.lru_cache(maxsize=16384)(os.path.realpath)
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
-        return os.path.realpath(a) == os.path.realpath(b)
+        return _realpath(a) == _realpath(b)
     except (OSError, ValueError):
         return a == b
 
