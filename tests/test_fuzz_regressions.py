@@ -392,5 +392,5 @@ def test_the_runner_takes_a_warnings_line_as_the_backends_only_where_a_control_m
     ):
         diff = _differences("counting", expected, got)
         assert len(diff) == 1
-        left, moved = _warning_lines_as_controls("counting", expected, [got], diff, controls)
+        left, moved = _warning_lines_as_controls("counting", expected, got, diff, controls)
         assert (left, moved) == ((diff, []) if kept else ([], diff))
