@@ -1086,7 +1086,8 @@ def run_many(
     checked and recorded, none is shrunk); mismatches are collected, not
     raised, and written to ``failures`` when given. ``resume``: the summary
     of an interrupted run with the same arguments; its programs are drawn
-    again (the draw is deterministic for a seed) but not checked.
+    again (the draw is deterministic for a seed and the same code: Hypothesis
+    also draws from the constants of the loaded local modules) but not checked.
 
     ``inflight`` (default ``failures/inflight-<pid>.py``): the program being
     checked is written there first and removed when its check returns, so a

@@ -3,6 +3,8 @@ autograd, and `import torch as th`; the bugs the fuzzer found in it; its
 golden table (a source -> the exact rewrite, or the exact reason it declines)."""
 
 import copy
+import logging
+import warnings
 
 import branches as B
 import golden
@@ -14,6 +16,7 @@ from effects_capture import CountingBackend, bits_equal, run
 import graphmend
 
 P, N = B.POSITIVE, B.NEGATIVE
+LOGGER = logging.getLogger("graphmend.tests.where")
 
 
 @pytest.fixture(autouse=True)
@@ -568,6 +571,45 @@ def test_attribute_stores_after_torch_cond_are_kept(cls):
     if dc.status == "applied":
         assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
 
+
+
+class EffectsAroundCond(torch.nn.Module):
+    """Deferred effects before and after a torch.cond form, in one compiled frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = x * 1.0
+        if h.sum() > 0:
+            warnings.warn(f"before {h.mean()}")
+        print("ungated", h.sum())
+        if h.sum() > 0:
+            h = self.lin(h)
+        warnings.warn(f"after {h.mean()}")
+        LOGGER.warning("logged %s", h.sum())
+        print("last", h.max())
+        return torch.relu(h)
+
+
+def test_deferred_effects_before_and_after_a_torch_cond_are_all_performed():
+    """Found by the fuzzer (seed 24): a deferred warning after a torch.cond form was never shown
+    when the frame deferred an effect before it. torch 2.13 and 2.14 keep the object's attribute
+    stores of a frame in a table the cond's tracing replaces, so the runtime's record of the later
+    effect (an attribute store on its state) was dropped; torch 2.12 and 2.15 kept it."""
+    model = EffectsAroundCond()
+    twin = copy.deepcopy(model)
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend, example_inputs=(P,))
+    dc = [o for o in compiled.report.outcomes if o.category == "DC"]
+    assert [o.status for o in dc] == ["applied", "applied"] and "torch.cond" in dc[1].reason, dc
+    for x in (P, N, P * 0.5, N):
+        expected, got = run(twin, x), run(compiled, x)
+        assert bits_equal(expected.output, got.output)
+        assert got.effects() == expected.effects()
+        assert expected.warnings[-1][1].startswith("after") and "last" in expected.stdout
+    assert compiled.report.after.graphs == 1 and len(backend.graphs) == 1
 
 def test_or_guard_on_finite_inf_and_nan_inputs():
     weird = P.clone()

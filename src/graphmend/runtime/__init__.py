@@ -575,7 +575,7 @@ def speculate(site: Site, value: Any) -> Any:
     had last (a constant Dynamo guards on), recorded to be checked at the end."""
     if not _traced():
         result = value.item()
-        if _STATE.sink is not None and _STATE.owner == threading.get_ident():
+        if active() and _STATE.owner == threading.get_ident():
             _PREDICTED.setdefault(site, result)  # learn: eagerly, in a region
         return result
     guess = _PREDICTED.get(site)

@@ -21,7 +21,7 @@ from graphmend.runtime.records import Guess, Observed, Site, flush
 
 
 class _Cell:
-    """One record of a region and the cell before it (see ``_State.sink``)."""
+    """One record of a region and the cell before it (see ``_SINK``)."""
 
     def __init__(self, record: Any, older: Any) -> None:
         self.record = record
@@ -31,20 +31,22 @@ class _Cell:
 # The first cell of every region's records.
 _START = _Cell(None, None)
 
+# The region's records, newest first, as linked cells (``_Cell``: a record,
+# the older cell) ending in ``_START``; None outside a region.
+# Traced code adds a record by putting a new cell in the slot and never looks
+# inside one, so Dynamo has nothing to guard on but the slot's type. (A
+# growing list would do, but Dynamo guards on a list's length: a frame that
+# records and runs more than once per call, a layer compiled as a frame of its
+# own, would compile once per record count.) A one-slot list, not an attribute
+# of an object: torch 2.13 and 2.14 drop an object's attribute stores made
+# after a ``torch.cond`` in a frame that stored one of its attributes before it
+# (docs/torch-issues.md); an item store is kept.
+_SINK: list = [None]
+
 
 class _State:
-    """Process-wide deferral state.
+    """Process-wide deferral state, set and read by eager code only."""
 
-    ``sink`` holds the region's records, newest first, as linked cells
-    (``_Cell``: a record, the older cell) ending in ``_START``; None outside
-    a region.
-    Traced code adds a record by rebinding ``sink`` to a new cell and never
-    looks inside one, so Dynamo has nothing to guard on but the attribute's
-    type. (A list would do, but Dynamo guards on a list's length: a frame that
-    records and runs more than once per call, a layer compiled as a frame of
-    its own, would compile once per record count.)"""
-
-    sink: _Cell | None = None
     owner: int | None = None
     depth: int = 0
     performed: _Cell = _START  # the newest cell performed already (before an effect that was not deferred)
@@ -82,7 +84,7 @@ def region(speculating: bool = False) -> Iterator[None]:
     outermost = _STATE.depth == 0
     if outermost:
         _refresh_levels()
-        _STATE.sink = _START
+        _SINK[0] = _START
         _STATE.performed = _START
         _STATE.owner = threading.get_ident()
         _STATE.speculating = speculating
@@ -99,9 +101,9 @@ def region(speculating: bool = False) -> Iterator[None]:
         records: list = []
         guessed = False
         if outermost:
-            records = _records(_STATE.sink, _STATE.performed)
+            records = _records(_SINK[0], _STATE.performed)
             guessed = _STATE.speculating
-            _STATE.sink = None
+            _SINK[0] = None
             _STATE.owner = None
             _STATE.speculating = False
         try:
@@ -137,7 +139,7 @@ def _before_effect(origin: str | None = None) -> None:
     Not while torch compiles: user code does not run then (Dynamo traces it),
     so a warning or log record is torch's own, and a set trap must not raise
     inside the compiler."""
-    sink = _STATE.sink
+    sink = _SINK[0]
     if sink is None or _STATE.flushing or _STATE.owner != threading.get_ident() or compiling_here():
         return
     if _STATE.speculating:
@@ -262,7 +264,7 @@ def _factory_watcher(inner: Any) -> Any:
 
 
 def active() -> bool:
-    return _STATE.sink is not None
+    return _SINK[0] is not None
 
 
 _UNGUARDED_MESSAGE = (
@@ -285,7 +287,7 @@ def _recording() -> bool:
     """Whether a deferred call records (``_push``) instead of acting at once."""
     if torch.compiler.is_exporting():
         return False  # torch.export: nothing is recorded (see "Export" in the module doc)
-    if _STATE.sink is None:
+    if _SINK[0] is None:
         if _traced() or torch._C._dynamo.eval_frame.get_eval_frame_callback() is not None:
             _note_unguarded()  # traced, or called by compiled code after a break (skip_frames)
         return False
@@ -310,7 +312,7 @@ def compiling_here() -> bool:
 
 
 def _push(record: tuple) -> None:
-    _STATE.sink = _Cell(record, _STATE.sink)
+    _SINK[0] = _Cell(record, _SINK[0])
 
 
 def skip_frames() -> None:
