@@ -572,7 +572,6 @@ def test_attribute_stores_after_torch_cond_are_kept(cls):
         assert compiled.report.after.graphs == 1 and all(hasattr(g, "cond_true_0") for g in backend.graphs)
 
 
-
 class EffectsAroundCond(torch.nn.Module):
     """Deferred effects before and after a torch.cond form, in one compiled frame."""
 
@@ -610,6 +609,7 @@ def test_deferred_effects_before_and_after_a_torch_cond_are_all_performed():
         assert got.effects() == expected.effects()
         assert expected.warnings[-1][1].startswith("after") and "last" in expected.stdout
     assert compiled.report.after.graphs == 1 and len(backend.graphs) == 1
+
 
 def test_or_guard_on_finite_inf_and_nan_inputs():
     weird = P.clone()
