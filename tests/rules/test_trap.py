@@ -640,6 +640,65 @@ def test_a_check_followed_by_stateful_blocks_in_a_loop_keeps_state(cls):
     assert [b.count for b in model.blocks] == [b.count for b in expected_model.blocks] == [0, 0]
 
 
+class CheckThenTwoLoopsOfOneName(nn.Module):
+    """Found by the fuzzer (seed 24): two loops bind the same name, `layer`; the
+    scan resolved a `layer(x)` outside the statement it was scanning by the
+    first loop, pure blocks, and missed the counting blocks of the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.ModuleList([nn.Identity(), nn.Identity()])
+        self.blocks = nn.ModuleList([CountingBlock() for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.pre:
+            x = layer(x) * 2
+        for layer in self.blocks:
+            if (x < 0).any():
+                raise ValueError("negative")
+            x = layer(x) + 1
+        return x
+
+
+class CheckingCountingBlock(CountingBlock):
+    def forward(self, h):
+        if (h < 0).any():
+            raise ValueError("negative")
+        self.count += 1
+        return h.abs()
+
+
+class CallerOfTwoLoopsOfOneName(CheckThenTwoLoopsOfOneName):
+    """The fuzzer's own shape: the check is in the second list's blocks; the
+    caller's loop runs the next block, a different `self`, after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([CheckingCountingBlock() for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.pre:
+            x = layer(x) - 2
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("cls", [CheckThenTwoLoopsOfOneName, CallerOfTwoLoopsOfOneName], ids=lambda c: c.__name__)
+def test_a_loop_variable_bound_by_two_loops_is_resolved_by_both(cls):
+    model = cls()
+    expected_model = copy.deepcopy(model)
+    x = torch.tensor([0.5, -1.0])
+    expected = run(expected_model, x)
+    assert expected.exception == ("ValueError", "negative")
+    compiled = graphmend.compile(model, backend="eager", example_inputs=(torch.full((2,), 5.0),))
+    (trap,) = [o for o in compiled.report.outcomes if o.rule == "trap"] or [compiled.report.outcomes]
+    assert trap.status == "declined" and f"{type(model.blocks[0]).__name__}.forward: `self.count" in trap.reason, trap
+    got = run(compiled, x)
+    assert got.exception == expected.exception
+    assert [b.count for b in model.blocks] == [b.count for b in expected_model.blocks] == [0, 0]
+
+
 def _scaled(x):
     def double(t):
         return t * 2
@@ -1323,6 +1382,78 @@ GOLDEN = [
         """,
         declined=(
             "state changes after the check would now happen before it raises: `self.calls = ...` (line 16)"
+        ),
+    ),
+    # `layer(x)` is a call of whatever the loops binding `layer` yield: every such loop,
+    # and nothing else binding the name (found by the fuzzer: the first loop alone was read).
+    golden.case(
+        "a-loop-variable-bound-by-two-loops",
+        """
+        class Pure(nn.Module):
+            def forward(self, x):
+                return x * 2
+
+
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, x):
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                self.calls += 1
+                return x
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pre = nn.ModuleList([Pure(), Pure()])
+                self.blocks = nn.ModuleList([Counting(), Counting()])
+
+            def forward(self, x):
+                for layer in self.pre:
+                    x = layer(x)
+                for layer in self.blocks:
+                    x = layer(x)  # <- caller
+                return x
+        """,
+        declined=(
+            "state changes after the check would now happen before it raises: Counting.forward: "
+            "`self.calls = ...` (line 14)"
+        ),
+    ),
+    golden.case(
+        "a-loop-variable-also-bound-by-an-assignment",
+        """
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1
+                return x
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList([nn.ReLU(), nn.ReLU()])
+                self.head = Counting()
+
+            def forward(self, x):
+                for layer in self.blocks:
+                    x = layer(x)
+                if (x < 0).any():  # <-
+                    raise ValueError("negative")
+                layer = self.head
+                return layer(x)
+        """,
+        declined=(
+            "state changes after the check would now happen before it raises: calls the local `layer(...)`, "
+            "which could not be resolved"
         ),
     ),
     # A reduction with no identity element (amax, max, min, item) raises on an empty

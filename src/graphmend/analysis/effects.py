@@ -135,6 +135,36 @@ def loop_attribute(loop: ast.For, name: str) -> str | None:
     return None
 
 
+def loop_attributes(scope: ast.AST, name: str) -> list[str] | None:
+    """The ``self`` attributes whose items the loops in ``scope`` bind to
+    ``name`` (``loop_attribute``), in source order: a call of ``name`` may reach
+    an item of any of them (two loops may reuse ``layer``). None when no loop
+    binds it that way, or ``scope`` also binds it otherwise (an assignment, a
+    loop over something else, a comprehension, a parameter, ``with ... as``):
+    what the call reaches is then not known from the loops."""
+    attrs: list[str] = []
+    by_loops: set[int] = set()  # the loops' own target names
+    for loop in ast.walk(scope):
+        attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
+        if attr is not None:
+            attrs.append(attr)
+            by_loops |= {id(n) for n in ast.walk(loop.target)}
+    for node in ast.walk(scope) if attrs else ():
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load) and id(node) not in by_loops:
+            return None
+        if isinstance(node, ast.arg) and node.arg == name:
+            return None
+        if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name:
+            return None
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
+            return None
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name and node is not scope:
+            return None
+    return attrs or None
+
+
 def watched_effect(call: ast.Call, namespace: dict) -> bool:
     """A print to stdout / stderr, a ``warnings.warn``, or a call on a logger
     known now: while a region is open, the runtime performs the records made

@@ -5,11 +5,13 @@ makes before it moves a check's exception to the end of the call, and
 The scan follows the code that runs after the point: the rest of its function
 (every later iteration of an enclosing loop included), the callers' code after
 their call on every chain Dynamo showed, and every function, method and
-module it calls, resolved on the live model. A store outside the function's
-locals, an in-place or mutating method on something not fresh (see
-``analysis.aliasing``; a called module's or helper's result is judged by what
-it returns), a global statement, a stateful builtin, or an effect the runtime
-does not watch is a reason; deferred effects (the runtime's calls) are not.
+module it calls, resolved on the live model (``layer(h)`` of ``for layer in
+self.blocks``: the items of every loop binding ``layer``). A store outside
+the function's locals, an in-place or mutating method on something not fresh
+(see ``analysis.aliasing``; a called module's or helper's result is judged by
+what it returns), a global statement, a stateful builtin, or an effect the
+runtime does not watch is a reason; deferred effects (the runtime's calls)
+are not.
 Stores to the check's own ``self`` that the runtime can put back are
 collected instead (``undo``, ``undo_data``).
 """
@@ -32,7 +34,7 @@ from graphmend.analysis.aliasing import (
 )
 from graphmend.analysis.effects import (
     is_side_effect_call,
-    loop_attribute,
+    loop_attributes,
     root_of,
     self_attribute,
     watched_effect,
@@ -399,7 +401,8 @@ class StateScan:
             values, bound = self._self_values(attr, ctx), bound_through_self(ctx, attr)
         elif isinstance(func, ast.Name):
             target = namespace.get(func.id, getattr(builtins, func.id, None))
-            values, bound = ([target] if target is not None else self._loop_values(func.id, ctx)), False
+            loop_items = [item for value in self._loop_values(func.id, ctx) for item in items(value)]
+            values, bound = ([target] if target is not None else loop_items), False
         elif isinstance(func, ast.Attribute) and not is_super_call(func.value):  # a torch op, a tensor method
             return not may_return_input(func.attr) or all(map(is_fresh, call.args))  # F.dropout(h): as h
         else:
@@ -456,13 +459,12 @@ class StateScan:
         return self._returns[key]
 
     def _loop_values(self, name: str, ctx: RewriteContext) -> list:
-        """``for layer in self.layers``: the items ``layer`` takes, in the function being scanned."""
+        """``for layer in self.layers``: what ``self.layers`` holds, for every
+        loop of the function being scanned that binds ``layer`` (none when
+        ``layer`` is bound otherwise too: ``analysis.effects.loop_attributes``)."""
         current = getattr(self, "_scope", None)
-        for loop in ast.walk(current[0]) if current is not None else ():
-            attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
-            if attr is not None:
-                return [item for value in self._self_values(attr, ctx) for item in items(value)]
-        return []
+        attrs = loop_attributes(current[0], name) if current is not None else None
+        return [value for attr in attrs or () for value in self._self_values(attr, ctx)]
 
     def _local_callable(
         self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None,
@@ -494,13 +496,9 @@ class StateScan:
             reason = self._looked_up(name, current[0], ctx, depth, namespace or {})
             if reason is not _UNRESOLVED:
                 return reason
-        outer = [current[0]] if current is not None else []
-        for loop in (n for root in [scope, *outer] for n in ast.walk(root)):
-            attr = loop_attribute(loop, name) if isinstance(loop, ast.For) else None
-            if attr is not None:
-                values = self._self_values(attr, ctx)
-                if values:
-                    return self._modules_effects(values, f"{name}(...)", ctx, depth, site)
+        values = self._loop_values(name, ctx)
+        if values:
+            return self._modules_effects(values, f"{name}(...)", ctx, depth, site)
         return f"calls the local `{name}(...)`, which could not be resolved"
 
     def _looked_up(self, name: str, scope: Any, ctx: RewriteContext, depth: int, namespace: dict) -> Any:
