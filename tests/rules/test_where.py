@@ -611,6 +611,37 @@ def test_deferred_effects_before_and_after_a_torch_cond_are_all_performed():
     assert compiled.report.after.graphs == 1 and len(backend.graphs) == 1
 
 
+def test_deferred_effects_around_a_torch_cond_are_each_threads_own():
+    """The same model called from three threads at once: each thread sees the prints, log
+    records and warnings of its own inputs, all of them, in eager's order."""
+    import threading
+
+    from effects_capture import ThreadCapture
+
+    model = EffectsAroundCond()
+    inputs = [P, N, P * 0.5]
+    expected = [run(copy.deepcopy(model), x) for x in inputs]
+    compiled = graphmend.compile(model, backend=CountingBackend(), example_inputs=(P,))
+    threads_capture, got, outputs = ThreadCapture(), {}, {}
+
+    def work(k):
+        with threads_capture.capturing() as cap, torch.no_grad():
+            outputs[k] = [compiled(inputs[k]) for _ in range(5)]
+        got[k] = cap
+
+    with threads_capture.installed():
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for k, eager in enumerate(expected):
+        assert got[k].stdout == eager.stdout * 5 and got[k].stderr == eager.stderr * 5
+        assert got[k].records == eager.records * 5
+        assert got[k].warnings == eager.warnings * 5
+        assert all(bits_equal(out, eager.output) for out in outputs[k])
+
+
 def test_or_guard_on_finite_inf_and_nan_inputs():
     weird = P.clone()
     weird[0, 0] = float("inf")
@@ -618,8 +649,6 @@ def test_or_guard_on_finite_inf_and_nan_inputs():
     nan[1, 2] = float("nan")
     _, report = check_form(B.OrGuard, [(P,), (weird,), (nan,)])
     assert any("predicated" in n for o in report.outcomes for n in o.notes)
-
-
 
 
 def _original(cls, inputs, grad=False):
