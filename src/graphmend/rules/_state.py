@@ -217,7 +217,7 @@ class StateScan:
                     if func.id in STATEFUL_BUILTINS and namespace.get(func.id, getattr(builtins, func.id)) is getattr(builtins, func.id):
                         return f"`{func.id}(...)` (line {sub.lineno})"
                     if func.id in local:
-                        reason = self._local_callable(func.id, node, ctx, depth, namespace, (sub, local))
+                        reason = self._local_callable(func.id, ctx, depth, namespace, (sub, local))
                         if reason:
                             return reason
                         continue
@@ -228,7 +228,7 @@ class StateScan:
                         continue
                     target = namespace.get(func.id, getattr(builtins, func.id, None))
                     if target is None:  # a parameter or loop variable: `for layer in self.layers: layer(h)`
-                        reason = self._local_callable(func.id, node, ctx, depth, namespace, (sub, local))
+                        reason = self._local_callable(func.id, ctx, depth, namespace, (sub, local))
                         if reason:
                             return reason
                         continue
@@ -304,7 +304,7 @@ class StateScan:
                     return f"calls `{name}(...)`, passed to `{nested.name}` in a form that could not be resolved"
                 arg = call.args[index]
                 if isinstance(arg, ast.Name) and arg.id != name:
-                    reason = self._local_callable(arg.id, outer, ctx, depth, namespace)
+                    reason = self._local_callable(arg.id, ctx, depth, namespace)
                 elif self_attribute(arg) is not None:
                     reason = self._module_effects(self_attribute(arg), ast.unparse(arg), ctx, depth)
                 else:
@@ -467,11 +467,12 @@ class StateScan:
         return [value for attr in attrs or () for value in self._self_values(attr, ctx)]
 
     def _local_callable(
-        self, name: str, scope: ast.AST, ctx: RewriteContext, depth: int, namespace: dict | None = None,
+        self, name: str, ctx: RewriteContext, depth: int, namespace: dict | None = None,
         site: tuple[ast.Call, set[str]] | None = None,
     ) -> str | None:
-        """``for layer in self.layers: ... layer(h)``: the modules the loop yields;
-        a function defined inside the function being scanned: its body."""
+        """``name(...)`` in the function being scanned: a function defined inside
+        it (its body), a parameter a caller passes, a value looked up in a global
+        table, or a loop variable (the modules of every loop binding ``name``)."""
         current = getattr(self, "_scope", None)
         if current is not None:
             nested = [
