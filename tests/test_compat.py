@@ -177,3 +177,28 @@ def test_emulated_casts_miss_overflow_is_whether_inductor_sees_an_fp16_overflow(
     assert overflows(x)
     compiled = torch.compile(overflows, backend="inductor", options={"emulate_precision_casts": True})
     assert (not compiled(x)) == ROW.emulated_casts_miss_overflow
+
+
+class _StoreThenCond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, h):
+        self.last = h
+        h = torch.cond(h.mean() > 0, lambda h: self.lin(h), lambda h: h.clone(), (h,))
+        self.calls = self.calls + 1
+        return h
+
+
+def test_cond_drops_later_stores_is_whether_a_store_after_a_cond_is_lost():
+    """Hand-written torch.cond, plain torch.compile: with an attribute store before
+    the cond in the frame, torch 2.13 and 2.14 lose the one after it (calls stays 0)."""
+    model = _StoreThenCond()
+    compiled = torch.compile(model, backend="eager")
+    with torch.no_grad():
+        for sign in (1.0, -1.0):
+            compiled(torch.ones(2, 4) * sign)
+    assert torch.equal(model.last, -torch.ones(2, 4))
+    assert (model.calls != 2) == ROW.cond_drops_later_stores, model.calls

@@ -47,6 +47,10 @@ class TorchRelease:
     #   the original ran after a break sees fp32 in the mended graph. Nothing to
     #   mend (docs/torch-issues.md); the fuzz harness counts it apart.
     emulated_casts_miss_overflow: bool
+    # - after an attribute store in a compiled frame, the stores made after a
+    #   torch.cond are lost (docs/torch-issues.md): [Where] declines torch.cond
+    #   where a store may run before it.
+    cond_drops_later_stores: bool
 
 
 # A release joins the table once graphmend's suite, its zoo rows and a fuzz run
@@ -57,18 +61,22 @@ RELEASES: dict[tuple[int, int], TorchRelease] = {
         TorchRelease(
             (2, 12), logs_to_current_stderr=False, assert_in_graph=False, reorderable_logging=False,
             duplicate_input_loses_grad=True, symbolic_format_crashes=False, emulated_casts_miss_overflow=True,
+            cond_drops_later_stores=False,
         ),
         TorchRelease(
             (2, 13), logs_to_current_stderr=False, assert_in_graph=False, reorderable_logging=False,
             duplicate_input_loses_grad=False, symbolic_format_crashes=False, emulated_casts_miss_overflow=False,
+            cond_drops_later_stores=True,
         ),
         TorchRelease(
             (2, 14), logs_to_current_stderr=True, assert_in_graph=False, reorderable_logging=True,
             duplicate_input_loses_grad=False, symbolic_format_crashes=True, emulated_casts_miss_overflow=False,
+            cond_drops_later_stores=True,
         ),
         TorchRelease(
             (2, 15), logs_to_current_stderr=True, assert_in_graph=True, reorderable_logging=True,
             duplicate_input_loses_grad=False, symbolic_format_crashes=True, emulated_casts_miss_overflow=False,
+            cond_drops_later_stores=False,
         ),
     )
 }

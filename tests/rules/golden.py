@@ -75,12 +75,13 @@ def _module(source: str) -> types.ModuleType:
     return module
 
 
-def case(id: str, source: str, *, rewritten: str | None = None, declined: str | None = None):
+def case(id: str, source: str, *, rewritten: str | None = None, declined: str | None = None, marks=()):
     """One row of a golden table: ``source`` and exactly one expected outcome,
-    the function after the rewrite (indented as in the test file) or the reason."""
+    the function after the rewrite (indented as in the test file) or the reason
+    (``marks``: pytest's, as a row that holds on some torch releases only)."""
     assert (rewritten is None) != (declined is None), "a case expects one outcome"
     expected = ("rewritten", textwrap.dedent(rewritten).strip("\n")) if rewritten is not None else ("declined", declined)
-    return pytest.param(source, expected, id=id)
+    return pytest.param(source, expected, id=id, marks=marks)
 
 
 def outcome(rule: str, source: str) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.analysis.shapes import shape_blockers
 from graphmend.analysis.speculated import Tested
+from graphmend.compat import release
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
     Substitute,
@@ -116,11 +117,11 @@ class CondForm:
                 add_guards(empty, ctx, guards)
                 known.update(_assigned(node) or ())
                 assigned.update(_assigned(node) or ())
-        store = _attribute_store_before(stmt, ctx)
+        store = _attribute_store_before(stmt, ctx) if release().cond_drops_later_stores else None
         if store is not None:
             raise Decline(
                 f"{store} may run before it in the compiled frame, and Dynamo then drops "
-                "attribute stores made after a torch.cond (torch 2.13)"
+                "attribute stores made after a torch.cond (torch 2.13 and 2.14)"
             )
         functions: list[ast.stmt] = []
         names: list[str] = []

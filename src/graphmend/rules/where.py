@@ -94,9 +94,10 @@ while tracing) sends a subclass's own method, never proven, to the original.
 - ``torch.cond`` when an attribute store (``x.a = ...``, ``+=``, ``setattr``)
   may run before it in the compiled frame: earlier in the function (anywhere
   in it inside a loop) or in the ``forward`` of one of the model's own module
-  classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13)
-  then drops the attribute stores made after the cond (measured with
-  hand-written ``torch.cond``);
+  classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13
+  and 2.14, ``compat.TorchRelease.cond_drops_later_stores``) then drops the
+  attribute stores made after the cond (measured with hand-written
+  ``torch.cond``);
 - a name assigned on one path only and read after the ``if``; a
   ``self.<attr>`` store where no module of the model has that attribute yet
   (the select reads it on every call) or it holds a Python number;
