@@ -51,6 +51,20 @@ from graphmend.models.targets import load_target
 target = load_target(sys.argv[1])
 graphs = []
 
+if len(sys.argv) > 2:  # a barrier folder: write only once every process of the test has missed and mended
+    import os
+    from graphmend import cache
+    write, folder, parties = cache._write, sys.argv[2], int(sys.argv[3])
+
+    def _write_together(entry):
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        deadline = time.monotonic() + 300
+        while len(os.listdir(folder)) < parties and time.monotonic() < deadline:
+            time.sleep(0.01)
+        write(entry)
+
+    cache._write = _write_together
+
 def backend(gm, example_inputs):
     graphs.append(gm)
     return gm.forward
@@ -78,11 +92,11 @@ def _env(folder, **extra):
     return env
 
 
-def _start(tmp_path, model_file, **extra):
+def _start(tmp_path, model_file, *barrier, **extra):
     script = tmp_path / "run.py"
     script.write_text(RUN)
-    return subprocess.Popen([sys.executable, str(script), f"{model_file}:build"], env=_env(tmp_path / "cache", **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, str(script), f"{model_file}:build", *map(str, barrier)],
+                            env=_env(tmp_path / "cache", **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _run(tmp_path, model_file, **extra):
@@ -140,7 +154,11 @@ def test_a_corrupt_entry_is_ignored_with_one_warning_and_replaced(tmp_path, mode
 
 
 def test_two_processes_writing_the_same_entry_at_once_leave_one_whole_entry(tmp_path, model_file):
-    processes = [_start(tmp_path, model_file) for _ in range(2)]
+    # Each writes only once both have missed the cache and mended (a barrier around
+    # cache._write), so the two writes meet however the machine schedules them.
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    processes = [_start(tmp_path, model_file, barrier, 2) for _ in range(2)]
     results = []
     for process in processes:
         out, err = process.communicate(timeout=600)
