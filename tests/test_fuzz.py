@@ -187,6 +187,43 @@ def test_a_program_a_worker_died_on_counts_as_crashed_and_is_not_checked_again(t
     assert "worker process crashes (a program it died on counts here, is not checked again, and the run goes on): 1" in summary.render()
 
 
+HANGS = """
+import sys, time
+from fuzz import runner
+runner.PROGRAM_GIVE_UP = 1.0
+runner.check_program = lambda *args, **kwargs: time.sleep(60)  # a check that does not return
+runner.run_many(1, seed=1, inflight=sys.argv[1], failures=sys.argv[2])
+"""
+
+
+def test_a_worker_whose_check_never_returns_dumps_its_threads_and_exits_to_be_restarted(tmp_path):
+    """A deadlock that holds the GIL keeps the threads arm's own wait from waking (seed 24, torch's
+    traceback free list at thread exit): past runner.PROGRAM_GIVE_UP, faulthandler writes every
+    thread's stack and exits, leaving the in-flight program; the parent names the hang."""
+    import subprocess
+    import sys
+    import time
+
+    from fuzz.__main__ import _died
+
+    inflight, log = tmp_path / "chunk-0.inflight.py", tmp_path / "chunk-0.log"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.path.join(os.path.dirname(tests), "src")]))
+    began = time.monotonic()
+    with open(log, "w") as fh:
+        fh.write("Timeout (0:00:09)! an earlier worker's\n")
+        start = fh.tell()
+        fh.flush()
+        code = subprocess.run([sys.executable, "-c", HANGS, str(inflight), str(tmp_path)], stdout=fh, stderr=fh, env=env).returncode
+    assert code == 1 and time.monotonic() - began < 50, code
+    written = log.read_text()[start:]
+    assert written.startswith("Timeout (0:00:01)!") and "in <lambda>" in written, written[:500]
+    assert inflight.exists()  # the program it was checking, for the restarted worker to count as crashed
+    assert _died(code, str(log), start) == f"hung: no check returned in 5400 s (its threads' stacks: {log})"
+    assert _died(1, str(log), os.path.getsize(log)) == "exit status 1"  # nothing written since: another exit
+    assert _died(-9, str(log), start) == "killed by SIGKILL"
+
+
 def test_programs_are_valid_python():
     from hypothesis import HealthCheck, given, settings
 

@@ -28,6 +28,7 @@ import signal
 import time
 from typing import Any
 
+from . import runner
 from .runner import Summary, run_many
 
 
@@ -116,13 +117,23 @@ def _inflight(state: str) -> str:
     return os.path.splitext(state)[0] + ".inflight.py"
 
 
-def _died(code: int) -> str:
+def _died(code: int, log: str | None = None, start: int = 0) -> str:
+    if code == 1 and log is not None and _timed_out(log, start):
+        return f"hung: no check returned in {runner.PROGRAM_GIVE_UP:.0f} s (its threads' stacks: {log})"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit status {code}"
+
+
+def _timed_out(log: str, start: int) -> bool:
+    """Whether the worker wrote faulthandler's dump (runner.PROGRAM_GIVE_UP) to its log
+    after offset ``start`` (where this worker began writing)."""
+    with open(log, "rb") as fh:
+        fh.seek(max(start, os.path.getsize(log) - 65536))
+        return any(line.startswith(b"Timeout (") for line in fh.read().splitlines())
 
 
 def _parallel(args: argparse.Namespace) -> int:
@@ -155,6 +166,7 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
     running: list[tuple[int, subprocess.Popen, Any]] = []
     failed: list[int] = []
     restarts = {c: 0 for c, _ in chunks}
+    log_start: dict[int, int] = {}
     counts = dict(chunks)
     began = time.perf_counter()
     printed = -1
@@ -169,6 +181,7 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                 "--max-statements", str(args.max_statements), "--failures", args.failures, "--resume",
             ]
             log = open(os.path.join(parts, f"chunk-{c}.log"), "a")
+            log_start[c] = log.tell()
             running.append((c, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root), log))
         for entry in list(running):
             c, process, log = entry
@@ -179,10 +192,10 @@ def run_parallel(args: argparse.Namespace) -> Summary | None:
                 if process.returncode != 0 and os.path.exists(inflight) and restarts[c] < RESTARTS:
                     # It died checking that program: start it again, after it (runner._died_checking).
                     restarts[c] += 1
+                    why = _died(process.returncode, log.name, log_start[c])
                     with open(inflight, "a") as fh:
-                        fh.write(f"\n# died: the worker process, {_died(process.returncode)}\n")
-                    print(f"[fuzz] chunk {c}: the worker died ({_died(process.returncode)}) checking {inflight};"
-                          " started again after it", flush=True)
+                        fh.write(f"\n# died: the worker process, {why}\n")
+                    print(f"[fuzz] chunk {c}: the worker died ({why}) checking {inflight}; started again after it", flush=True)
                     pending.insert(0, (c, counts[c]))
                 elif process.returncode != 0 and _finished(states[c], counts[c], keys[c]):
                     # Every program checked and saved, then it died (at exit): the results stand,

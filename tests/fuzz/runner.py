@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import faulthandler
 import importlib.util
 import linecache
 import logging
@@ -297,6 +298,11 @@ THREAD_TIMEOUT = 600.0  # seconds for the whole threaded series (both threads' m
 # the threads slow, not stuck. A deadlock uses no CPU; a loop that never ends is stopped here:
 THREAD_GIVE_UP = 3600.0
 WORKING_CPU_S = 30.0  # CPU seconds per THREAD_TIMEOUT that count as still working
+# A check that never returns even so: a deadlock in which a blocked thread holds the GIL (torch's
+# traceback free list at thread exit, docs/torch-issues.md) keeps the wait above from waking.
+# faulthandler's timer needs no GIL: it writes every thread's stack to stderr and exits the
+# process, and run_parallel starts the worker again after the program, counted as crashed.
+PROGRAM_GIVE_UP = THREAD_GIVE_UP + 1800.0
 # What a threads arm that never finished left running: the program, the threads' stacks.
 # graphmend's locks may be held by them, so nothing more is checked in this process.
 STUCK: list[str] = []
@@ -1144,6 +1150,7 @@ def run_many(
             if path:
                 note = Result(program.digest, "in flight", detail="the process died checking it")
                 save_failure(os.path.dirname(path), program, note, params, name=os.path.basename(path))
+                faulthandler.dump_traceback_later(PROGRAM_GIVE_UP, exit=True)
             try:
                 result = check_program(program, folder=folder, **params)
             except Exception as exc:  # a harness bug must not end a long run
@@ -1151,6 +1158,8 @@ def run_many(
                 if not STUCK:
                     graphmend.unmend()
                     torch._dynamo.reset()
+            finally:
+                faulthandler.cancel_dump_traceback_later()
             if path:
                 os.remove(path)
         summary.add(result)
