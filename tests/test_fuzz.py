@@ -202,20 +202,18 @@ def test_a_worker_whose_check_never_returns_dumps_its_threads_and_exits_to_be_re
     thread's stack and exits, leaving the in-flight program; the parent names the hang."""
     import subprocess
     import sys
-    import time
 
     from fuzz.__main__ import _died
 
     inflight, log = tmp_path / "chunk-0.inflight.py", tmp_path / "chunk-0.log"
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.path.join(os.path.dirname(tests), "src")]))
-    began = time.monotonic()
     with open(log, "w") as fh:
         fh.write("Timeout (0:00:09)! an earlier worker's\n")
         start = fh.tell()
         fh.flush()
         code = subprocess.run([sys.executable, "-c", HANGS, str(inflight), str(tmp_path)], stdout=fh, stderr=fh, env=env).returncode
-    assert code == 1 and time.monotonic() - began < 50, code
+    assert code == 1, code  # faulthandler's exit; the dump below shows it fired
     written = log.read_text()[start:]
     assert written.startswith("Timeout (0:00:01)!") and "in <lambda>" in written, written[:500]
     assert inflight.exists()  # the program it was checking, for the restarted worker to count as crashed
