@@ -130,10 +130,11 @@ def _died(code: int, log: str | None = None, start: int = 0) -> str:
 
 def _timed_out(log: str, start: int) -> bool:
     """Whether the worker wrote faulthandler's dump (runner.PROGRAM_GIVE_UP) to its log
-    after offset ``start`` (where this worker began writing)."""
+    after offset ``start`` (where this worker began writing). Read whole: the dump's
+    first line may lie further back than any fixed tail when many threads are dumped."""
     with open(log, "rb") as fh:
-        fh.seek(max(start, os.path.getsize(log) - 65536))
-        return any(line.startswith(b"Timeout (") for line in fh.read().splitlines())
+        fh.seek(start)
+        return any(line.startswith(b"Timeout (") for line in fh)
 
 
 def _parallel(args: argparse.Namespace) -> int:
