@@ -2,8 +2,10 @@
 
 import ast
 import textwrap
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from graphmend.analysis.facts import live_after, updated_after
 
@@ -161,7 +163,11 @@ def test_what_a_name_bound_before_the_if_reaches(before, left, right, checked):
     """[Where] under autograd checks at run time (grad_free) the roots one branch may
     reach and another does not surely reach: a name assigned once, whose reads hold
     the same values at the if, reaches what its value reaches."""
-    from graphmend.analysis.gradients import block_reach, checked_at_run_time, prior_reach
+    from graphmend.analysis.gradients import (
+        block_reach,
+        checked_at_run_time,
+        prior_reach,
+    )
 
     source = f"def f(self, x):\n    {before}\n    if c:\n        y = {left}\n    else:\n        y = {right}\n    return y\n"
     fdef, site = _at_if_c(source)
@@ -234,3 +240,141 @@ def test_what_a_fresh_local_holds_is_passed_fresh():
     call = ast.parse("layer(h, cache=cache.store, other=shared[0])").body[0].value
     fresh, _ = fresh_arguments(call, layer, {"cache", "h"}, bound=False)
     assert fresh == frozenset({"h", "cache"})
+
+
+SHARED_UPDATES = [
+    # `s` views `h`, then `h` may be what the block hands back (itself on some path): a frame resumed
+    # after the block has both as inputs; the print's break keeps the read and the update apart
+    ("s = h[0, 0]\nh = self.block(h)\nprint(h, s)  # <-\ns.add_(1)", "`h` may share storage with `s`"),
+    ("s = h.view(-1)\nprint(s)  # <-\nh.mul_(2)", None),  # a view of one input: shared alike on every call
+    ("s = h.reshape(-1)\nprint(s)  # <-\nh.mul_(2)", "`s` may share storage with `h`"),  # a view or a copy
+    # the update before the site, the read at it: a frame starting before the update has them shared alike every call
+    ("s = h[0]\ns += 1\nprint(h)  # <-", None),
+    ("s = h[i]\ns += 1\nprint(h)  # <-", "`h` may share storage with `s`"),  # a view or a copy
+    ("s = h[0]\ntorch.relu(s, inplace=True)\nprint(h)  # <-", None),  # a constant index: a view on every call
+    ("s = h[i]\ntorch.relu(s, inplace=True)\nprint(h)  # <-", "`h` may share storage with `s`"),  # a view or a copy
+    ("s = h[0]\ns[0] = 1.0\nprint(h)  # <-", None),
+    ("if h.sum() > 0:\n    s = h[0]\nelse:\n    s = h * 2\ns[0] = 1.0\nprint(h)  # <-", "`h` may share storage with `s`"),
+    ("print(h)  # <-\nx.add_(1)", None),  # two parameters: judged at the calls (callers.shared_entry_in_calls)
+    ("z = x * 1.0\ny = [z] * 2\nprint(y)  # <-\nz.add_(1)", "`y` may share storage with `z`"),  # a list holding `z`
+    ("z = h * 1.0\nz.set_(x)\nprint(x)  # <-", None),  # set_ shares its argument's, alike on every call
+    ("z = self.f(h)\nz.set_(x)\nprint(x)  # <-", None),  # shared from the update on: no frame starts there with both
+    ("z = self.f(h)\nz.set_(x)\nprint(x)  # <-\nz.add_(1)", "`x` may share storage with `z`"),
+    # a binding in the other branch, or in one that returns, has not run when a frame starts at the site
+    ("if x.sum() > 0:\n    s = h[i]\n    return s\nprint(h)  # <-\nh.add_(1)\ns = h", None),
+    ("if x.sum() > 0:\n    s = h[i]\n    print(s)\nprint(h)  # <-\ns.add_(1)", "`h` may share storage with `s`"),
+    ("if x.sum() > 0:\n    s = h[i]\nelse:\n    print(h)  # <-\n    h.add_(1)\n    s = h", None),
+    ("s = h[0]\nprint(h, s)\ns.add_(1)\nz = torch.ones(2)  # <-", None),  # read and update both before the site
+    ("s = h.mean()\ns.add_(1)\nprint(h)  # <-", None),  # a new tensor: shares nothing
+    ("h = h * 1.0\nh.add_(1)\nprint(h)  # <-", None),  # one name, updated and read
+    ("n, d = h.shape\nh.add_(1)\nprint(n, d)  # <-", None),  # a shape holds no storage
+    ("n, d = h.shape\nh *= 2\nh = h.view(-1, d)  # <-\nprint(n)", None),  # a view shares its receiver only
+    ("y = self.lin(h)\nh.add_(1)\nprint(self.weight)  # <-", None),  # the module is left out
+    ("out = self.block(h)\nout.logits = h\nprint(h)  # <-", None),  # an attribute store: not a tensor update
+    ("for layer in self.blocks:\n    h = layer(h)  # <-\nh.add_(1)", None),  # a callee is no tensor read
+    ("y = x * 2\ny.add_(1)\nprint(x)  # <-", None),  # arithmetic makes a new tensor
+    ("out = torch.zeros_like(h)\nout.index_add_(0, i, h[i])\nprint(h)  # <-", None),  # values, not storage
+    ("v, i = h.topk(2)\nv.add_(1)\nprint(i)  # <-", None),  # each element of a new result its own
+    ("outs = (h,)\nprint(h)  # <-\nouts += (x,)", None),  # a tuple grows: no tensor changes
+    # a same-module function's returns, element by element: `h` gets `h`, `s` gets `s` (a new tensor)
+    ("s = h.mean()\nh, s = _hands_back(h, s)\nprint(h)  # <-\ns.add_(1)", None),
+    ("h, s = _hands_back(h, h[0])\nprint(h)  # <-\ns.add_(1)", None),  # handed back as passed: alike on every call
+    ("s = h[0]\nh, t = _maybe_back(h, s)\nprint(h)  # <-\ns.add_(1)", "`h` may share storage with `s`"),
+    # `h` and `s` may share only once the helper has run, after the site: not at a frame's start before it
+    ("h = x * 1.0\ns = h.mean()\nif (h < 0).any():  # <-\n    raise ValueError()\nh, s = helper(h, s)\nh.add_(1)", None),
+    ("s = h[0]\n__graphmend_rt__.print_(site, (h, s), {})  # <-", None),  # graphmend's runtime: no update
+    # no frame starts after `n = t` (nothing there for Dynamo to break on); after `t.view(-1)` one may
+    ("for i in range(2):\n    t = self.f(h)\n    n = t\n    n.add_(1)\n    print(h)  # <-", None),
+    ("for i in range(2):\n    t = self.f(h)\n    n = t.view(-1)\n    n.add_(1)\n    print(h)  # <-", "`h` may share storage with `n`"),
+    # the tensor `n` holds at the frame's start is not the one updated: `n` is bound again first
+    ("n = self.f(h)\nprint(h)  # <-\nn = self.g(h)\nn.add_(1)", None),
+    ("n = self.f(h)\nprint(h)  # <-\nif x.sum() > 0:\n    n = self.g(h)\nn.add_(1)", "`h` may share storage with `n`"),
+]
+
+
+def _hands_back(h, s):
+    return h, s
+
+
+def _maybe_back(h, s):
+    if h.sum() > 0:
+        return h, s
+    return h * 2, s
+
+
+@pytest.mark.parametrize("body, reason", SHARED_UPDATES)
+def test_a_break_between_a_read_and_an_update_of_tensors_that_may_share_storage_is_found(body, reason):
+    """`shared.SharedUpdates.at(site)`: a frame may start before the site (`# <-`) with a name
+    updated in place and another read, that may share its storage, both bound; one of the two is
+    at the site or after it. A graph joining them may read stale values where AOTAutograd reused
+    a graph built for inputs that shared storage (pytorch #139789)."""
+    from graphmend.analysis.facts import FunctionFacts
+    from graphmend.analysis.shared import SharedUpdates
+
+    source = "def forward(self, h, x):\n" + textwrap.indent(body, "    ") + "\n    return None\n"
+    fdef = ast.parse(source).body[0]
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# <-" in text)
+    site = next(n for n in ast.walk(fdef) if isinstance(n, ast.stmt) and n.lineno == line)
+    found = SharedUpdates(fdef, FunctionFacts.of(fdef, {"torch": torch, "_hands_back": _hands_back, "_maybe_back": _maybe_back}, set())).at(site)
+    if reason is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(reason), found
+
+
+def test_a_caller_that_updates_a_tensor_another_name_may_share_is_found_on_the_chain(tmp_path):
+    """The callers on a site's chains are inlined into the frame its break splits: their reads
+    and updates join too (`callers.shared_update_in_callers`), named with the caller's line."""
+    from graphmend.analysis.callers import shared_update_in_callers
+
+    path = tmp_path / "callers_mod.py"
+    path.write_text("def forward(self, h):\n    s = h[0, 0]\n    h = self.pre(h)\n    h = self.block(h)\n    s.add_(1)\n    return h\n")
+    # `h = self.block(h)`: a frame resumed after `self.pre` (which may hand `h` back) reads `h` and updates `s`
+    caller = SimpleNamespace(file=str(path), line=4, function="forward")
+    callee = SimpleNamespace(file=str(path), line=9, function="block")
+    reason = shared_update_in_callers([[caller, callee]])
+    assert reason is not None and reason.startswith("in the caller forward (callers_mod.py:4), `h` may share storage with `s`"), reason
+    assert shared_update_in_callers([[callee]]) is None  # no caller
+    assert shared_update_in_callers(None) is None  # no run: not judged here
+
+
+HELPER = "def helper(h, s):\n    print(h, s)\n    h.add_(1)\n    return h, s\n\n\n"
+ENTRY_CALLS = [
+    ("def run(x):\n    h = x * 1.0\n    s = h.mean()\n    return helper(h, s)\n", None),  # unrelated tensors
+    ("def run(x):\n    h = x * 1.0\n    s = h[0]\n    return helper(h, s)\n", None),  # a view, alike on every call
+    ("def run(x):\n    h = x * 1.0\n    s = h[0] if x.sum() > 0 else h.mean()\n    return helper(h, s)\n", "the call at"),
+    ("def run(x):\n    h = x * 1.0\n    return helper(h, h[x.argmax()])\n", "the call at"),  # a view or a copy
+    # two calls, each passing views alike every call, but not alike each other: one compiled frame for both
+    ("def run(x):\n    h = x * 1.0\n    helper(h, h[0])\n    return helper(h, h.mean())\n", "the call at"),
+    ("def run(x):\n    h = x * 1.0\n    return helper(h, h.mean()), helper(h, h.sum())\n", None),  # new tensors each
+    ("", "`s` and `h` are parameters whose callers are not all known"),  # called from elsewhere
+    ("fn = helper\n", "`s` and `h` are parameters whose callers are not all known"),  # used as a value
+    # followed up through a caller passing its own two parameters
+    ("def mid(a, b):\n    return helper(a, b)\n\n\ndef run(x):\n    h = x * 1.0\n    return mid(h, h.mean())\n", None),
+    ("def mid(a, b):\n    return helper(a, b)\n\n\ndef run(x):\n    h = x * 1.0\n    return mid(h, h.reshape(-1))\n", "the call at"),
+]
+
+
+@pytest.mark.parametrize("callers, reason", ENTRY_CALLS)
+def test_two_parameters_are_judged_at_the_calls_that_pass_them(tmp_path, callers, reason):
+    """`SharedUpdates.entry_pairs` then `callers.shared_entry_in_calls`: `helper` reads `s` and updates
+    `h`; a frame may start at its entry with both as inputs. They keep the print's break only where a
+    call may pass tensors sharing storage on some calls only (AOTAutograd's stale read), or where the
+    function's calls are not all known."""
+    from graphmend.analysis.callers import shared_entry_in_calls
+    from graphmend.analysis.facts import FunctionFacts
+    from graphmend.analysis.shared import SharedUpdates
+
+    path = tmp_path / "entry_mod.py"
+    path.write_text(HELPER + callers)
+    fdef = ast.parse(HELPER).body[0]
+    shared = SharedUpdates(fdef, FunctionFacts.of(fdef, {"torch": torch}, set()))
+    assert shared.at(fdef.body[0]) is None
+    pairs = shared.entry_pairs(fdef.body[0])
+    assert pairs == [("h", "s")]
+    found = shared_entry_in_calls(shared, pairs, fdef, str(path), None)
+    if reason is None:
+        assert found is None
+    else:
+        assert found is not None and reason in found, found
+        assert found.startswith("`s` may share storage with `h`, which the function updates in place (`h.add_(1)`, line 3)"), found

@@ -13,7 +13,7 @@ import library_effects
 import pytest
 import torch
 from conftest import fixture_program
-from effects_capture import CountingBackend, run
+from effects_capture import CountingBackend, bits_equal, run
 from torch import nn
 
 import graphmend
@@ -907,3 +907,121 @@ def test_an_input_that_requires_grad_prints_as_eager_under_no_grad():
     mended = _effects_of(c, x, False)
     assert "requires_grad=True" in eager.stdout and mended.effects() == eager.effects()
     assert [o.status.value for o in c.report.outcomes] == ["applied"] and c.report.verified, c.report.outcomes
+
+
+def test_a_print_is_kept_in_place_where_a_later_in_place_update_may_share_its_tensors_storage():
+    """Found by the fuzzer (seed 24): `s = h[0, 0]; h = self.block1(h); print("h is", h, s); s.add_(1)`,
+    where `block1` returns `h` itself on one path and a new tensor on another, and breaks inside. The
+    frame Dynamo resumes after `block1` takes `h` and `s` as inputs: sharing storage on the first call,
+    not on the next. AOTAutograd reuses the graph built for shared inputs and rebuilds `h` from `s`'s
+    storage (pytorch #139789, docs/torch-issues.md); the original breaks at the print and computes
+    nothing from `h` in that graph, but the deferred print's snapshot of `h` did, and printed stale
+    values (aot_eager arms, call 2). [Defer] now keeps a print in place when a tensor it records may
+    share storage with one the function updates in place, with the reason shown."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_defer_view_inputs_alias.py"), seed=48, start=5, aot=True, threads=True)
+    assert result.status == "checked"
+    deferred = [(s, r) for _, rule, s, r in result.outcomes if rule == "defer"]
+    assert deferred == [("declined", "`h` may share storage with `s`, which the function updates in place "
+                         "(`s.add_(1)`, line 55): a compiled graph that reads one and changes the other may read "
+                         "stale values when the two share storage on some calls only (torch's AOTAutograd)")], deferred
+    assert result.mismatches == [], result.mismatches[:2]
+
+
+class _HandsBackSometimes(torch.nn.Module):
+    """Breaks the graph, then hands back its input itself or a new tensor, as `same` says."""
+
+    same = True
+
+    def forward(self, h):
+        torch._dynamo.graph_break()
+        return h if self.same else h - h.mean()
+
+
+class _Shout(torch.nn.Module):
+    def forward(self, h, s):
+        print("h is", h, s)
+        return h
+
+
+class _ViewThenShout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.shout = _HandsBackSometimes(), _Shout()
+
+    def forward(self, x):
+        h = x * 1.0
+        s = h[0, 0]
+        h = self.pre(h)
+        h = self.shout(h, s)
+        s.add_(1)
+        return h, s
+
+
+def test_a_print_in_a_callee_is_kept_in_place_where_its_caller_updates_a_tensor_that_may_share_storage():
+    """The fuzz program's pattern one call down: the print is in `_Shout.forward`, the view and the
+    update in its caller. Dynamo inlines the caller into the frame resumed after `pre`'s break, with
+    `h` and `s` as inputs sharing storage only while `pre` hands `h` back; deferring the print would
+    join its read of `h` and the caller's `s.add_(1)` in one graph (stale values under aot_eager on
+    the call that makes `h` new). Declined, naming the caller; the printed text and the outputs are
+    eager's on both calls."""
+    model, twin = _ViewThenShout(), _ViewThenShout()
+    x = torch.arange(8.0).reshape(2, 4) - 3
+    compiled = graphmend.compile(model, backend="aot_eager", example_inputs=(x,))
+    (deferred,) = [o for o in compiled.report.outcomes if o.rule == "defer"]
+    assert deferred.status == "declined" and deferred.reason.startswith("in the caller forward (test_defer.py:"), deferred
+    assert "`h` may share storage with `s`, which the function updates in place (`s.add_(1)`" in deferred.reason
+    for same in (True, False):
+        model.pre.same = twin.pre.same = same
+        expected, got = run(twin, x.clone()), run(compiled, x.clone())
+        assert got.stdout == expected.stdout and "h is" in got.stdout
+        assert all(bits_equal(a, b) for a, b in zip(expected.output, got.output))
+
+
+class _ShoutThenBump(torch.nn.Module):
+    """Prints both its tensors, then updates the first in place: whether the print may
+    join the update depends on what the caller passes."""
+
+    def forward(self, h, s):
+        print("h is", h, s)
+        h.add_(1)
+        return h
+
+
+class _PassesUnrelated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shout = _ShoutThenBump()
+
+    def forward(self, x):
+        h = x * 1.0
+        return self.shout(h, h.mean())
+
+
+class _PassesAViewSometimes(_PassesUnrelated):
+    def forward(self, x):
+        h = x * 1.0
+        s = h[0, 0] if x.sum() > 0 else h.mean()
+        return self.shout(h, s)
+
+
+def test_two_parameters_are_judged_at_the_call_that_passes_them():
+    """`_ShoutThenBump.forward(h, s)` prints both and updates `h` in place; a frame starting at its
+    entry has both as inputs. Passed `h` and `h.mean()` (new storage on every call) the print is
+    deferred; passed `h[0, 0]` on some calls and a new tensor on others, it stays, with the call's
+    line in the reason (callers.shared_entry_in_calls). Printed text and outputs are eager's."""
+    x = torch.arange(8.0).reshape(2, 4) - 3
+    for cls, status in ((_PassesUnrelated, "applied"), (_PassesAViewSometimes, "declined")):
+        model, twin = cls(), cls()
+        compiled = graphmend.compile(model, backend="aot_eager", example_inputs=(x,))
+        (deferred,) = [o for o in compiled.report.outcomes if o.rule == "defer"]
+        assert deferred.status == status, (cls.__name__, deferred)
+        if status == "declined":
+            assert deferred.reason.startswith("`s` may share storage with `h`, which the function updates in place (`h.add_(1)`"), deferred.reason
+            assert "; the call at test_defer.py:" in deferred.reason, deferred.reason
+        for value in (x, -x):  # both paths of `s`
+            expected, got = run(twin, value.clone()), run(compiled, value.clone())
+            assert got.stdout == expected.stdout and "h is" in got.stdout
+            assert bits_equal(expected.output, got.output)
+        graphmend.unmend()  # `_ShoutThenBump.forward` is shared by both models

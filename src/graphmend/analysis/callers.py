@@ -16,15 +16,29 @@ comparison (a new tensor). Not followed, and not counted as an update (a
 known gap, docs/limits.md): the result passed to another call in the same
 statement (``self.b1(self.b0(x))``: the callee could change its argument in
 place), stored, or a statement that could not be read; callers not known.
+
+The callers' part of ``shared.SharedUpdates`` lives here too: a caller on the
+chains reading one tensor and updating another that may share its storage
+(``shared_update_in_callers``), and the calls that pass a function two
+parameters it reads and updates (``shared_entry_in_calls``).
 """
 
 from __future__ import annotations
 
 import ast
+from typing import Any
 
-from graphmend.analysis.aliasing import own_nodes
-from graphmend.analysis.facts import updated_after
-from graphmend.analysis.source import frame_statement
+from graphmend.analysis.aliasing import has_self, own_nodes, passed
+from graphmend.analysis.effects import root_of
+from graphmend.analysis.facts import FunctionFacts, updated_after
+from graphmend.analysis.shared import SharedUpdates, always_alike
+from graphmend.analysis.source import (
+    defs_containing,
+    frame_statement,
+    module_namespace,
+    parse_file,
+    statement_in,
+)
 
 Position = int | None  # the element of a returned tuple, or None: the value returned itself
 
@@ -52,6 +66,133 @@ def updated_by_callers(chains: list | None, fdef: ast.AST, name: str) -> str | N
         if reason:
             return reason
     return None
+
+
+def shared_update_in_callers(chains: list | None, new_result: Any = None, callees: Any = None) -> str | None:
+    """``shared.SharedUpdates`` of each caller on the chains, at the call it
+    stands on (Dynamo inlines the callers into the frame the site's break
+    splits, so removing it splits none of theirs either): the first reason, with
+    the caller's file and line, or None. A caller whose source cannot be read is
+    not judged."""
+    for chain in chains or []:
+        for frame in list(chain)[:-1]:
+            found = frame_statement(frame.file, frame.line)
+            if found is None:
+                continue
+            caller, block, index = found
+            facts = FunctionFacts.of(caller, module_namespace(frame.file), set())
+            reason = SharedUpdates(caller, facts, new_result, callees).at(block[index])
+            if reason:
+                return f"in the caller {caller.name} ({frame.file.rsplit('/', 1)[-1]}:{frame.line}), {reason}"
+    return None
+
+
+def shared_entry_in_calls(
+    shared: SharedUpdates, pairs: list[tuple[str, str]], fdef: ast.AST, path: str, chains: list | None,
+    new_result: Any = None, callees: Any = None,
+) -> str | None:
+    """Two parameters of ``fdef`` (``SharedUpdates.entry_pairs``: one updated in
+    place, the other read), judged at every call of it: a reason where a call may
+    pass tensors sharing storage and the relation may differ from call to call
+    (bound in a branch, by an unknown callee, ``h[i]``, ...; or the function has
+    more than one call), or where its calls are not all known (the model's
+    ``forward``, a function used as a value or called from another file); followed
+    up through callers that pass two of their own parameters. None where every call
+    passes unrelated tensors, or views of one tensor alike on every call."""
+    found = _entry_calls(pairs, fdef, path, chains, new_result, callees, 0) if pairs else None
+    if found is None:
+        return None
+    (name, other), why = found
+    return f"{shared.entry_reason(name, other)}; {why}"
+
+
+def _entry_calls(
+    pairs: list[tuple[str, str]], fdef: ast.AST, path: str, chains: list | None, new_result: Any, callees: Any, depth: int
+) -> tuple[tuple[str, str], str] | None:
+    calls = _calls_of(fdef, path, chains)
+    if calls is None or depth > 3:
+        name, other = pairs[0]
+        return pairs[0], f"`{other}` and `{name}` are parameters whose callers are not all known"
+    for caller, stmt, call, where, bound in calls:
+        facts = FunctionFacts.of(caller, module_namespace(where), set())
+        prefix, varies = SharedUpdates(caller, facts, new_result, callees).prefix(stmt, including=False)
+        args = dict(passed(call, fdef, bound=bound))
+        params = {a.arg for a in caller.args.posonlyargs + caller.args.args + caller.args.kwonlyargs} - {"self"}
+        for name, other in pairs:
+            if name not in args or other not in args:
+                continue  # a default: a value bound once, alike on every call
+            ours, theirs = (
+                {n for source in prefix.sources_of(args[p]) for n in prefix.sharers(source)} for p in (name, other)
+            )
+            alike = all(always_alike(args[n], prefix) for n in (name, other))
+            if ours & theirs and (varies & (ours | theirs) or len(calls) > 1 or not alike):
+                line = f"{where.rsplit('/', 1)[-1]}:{stmt.lineno}"
+                return (name, other), f"the call at {line} may pass them sharing storage on some calls only"
+            up = [(a, b) for a in sorted(ours & params) for b in sorted(theirs & params) if a != b]
+            if up:  # the caller's own parameters, which its callers may pass sharing storage: judged at its calls
+                outer = [list(c)[:-1] for c in chains or [] if len(c) >= 2]
+                found = _entry_calls(up, caller, where, outer or None, new_result, callees, depth + 1)
+                if found:
+                    return (name, other), found[1]
+    return None
+
+
+def _calls_of(fdef: ast.AST, path: str, chains: list | None) -> list[tuple] | None:
+    """Every call of ``fdef`` as ``(caller, statement, call, caller's file, bound)``:
+    found by name in its file (``helper(...)`` for a module function, any
+    ``self.helper(...)`` for a method: a subclass's too), or else the chains'
+    callers (a submodule's ``forward``); None where some call cannot be known (the
+    model's own entry, a function used as a value)."""
+    name = fdef.name  # type: ignore[attr-defined]
+    parsed = parse_file(path)
+    method = has_self(fdef)
+    if parsed is not None and name != "forward":
+        found, funcs = [], set()
+        for node in ast.walk(parsed.tree):
+            if isinstance(node, ast.Call) and _names(node.func, name, method):
+                funcs.add(id(node.func))
+                holders = defs_containing(parsed.tree, node.lineno)
+                spot = statement_in(holders[0].body, node.lineno, into_classes=False) if holders else None
+                if spot is None:
+                    return None  # called at a module's or class's top level
+                found.append((holders[0], spot[0][spot[1]], node, path, method))
+        if any(_names(n, name, method) and id(n) not in funcs for n in ast.walk(parsed.tree)):
+            return None  # used as a value (`fn = helper`): its calls are not all seen
+        if found:
+            return found
+    calls = []
+    for chain in chains or []:
+        if len(chain) < 2:
+            return None  # called from outside the model
+        frame = list(chain)[-2]
+        spot = frame_statement(frame.file, frame.line)
+        call = _module_call(spot[1][spot[2]], name) if spot is not None else None
+        if call is None:
+            return None
+        if all(c[2] is not call for c in calls):
+            calls.append((spot[0], spot[1][spot[2]], call, frame.file, method))
+    return calls or None
+
+
+def _module_call(stmt: ast.stmt, function: str) -> ast.Call | None:
+    """``_the_call``, or else the statement's only call of ``self.<attr>``,
+    ``self.<attr>[i]`` or a local (``layer(h)``): a submodule's ``forward``
+    (``self.shout(h, h.mean())``; ``h.mean()`` is a tensor's method)."""
+    found = _the_call(stmt, function)
+    if found is not None:
+        return found
+    calls = [
+        c for c in ast.walk(stmt)
+        if isinstance(c, ast.Call) and (isinstance(c.func, ast.Name) or root_of(c.func) == "self")
+    ]
+    return calls[0] if len(calls) == 1 else None
+
+
+def _names(node: ast.AST, name: str, method: bool) -> bool:
+    """``helper`` (a module function) or ``self.helper`` (a method)."""
+    if method:
+        return isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.value, ast.Name) and node.value.id == "self"
+    return isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)
 
 
 def _follow(chain: list, positions: set[Position]) -> str | None:

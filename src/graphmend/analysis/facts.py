@@ -11,7 +11,8 @@
   be read (a read before the next assignment on some path; anywhere in an
   enclosing loop, ``try`` or nested function).
 * ``updated_after``: a statement that may run after another and update a
-  name's tensor in place (``h.add_(1)``, ``h[0] = 0``, ``h += 1``).
+  name's tensor in place (``h.add_(1)``, ``h[0] = 0``, ``h += 1``,
+  ``F.relu(h, inplace=True)``).
 
 These are deliberately conservative: an unproven fact makes a rule decline.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -189,6 +190,49 @@ def live_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, nam
     enclosing loop (the next iteration), ``try`` (a handler) or in a nested
     function or lambda (a closure reads it whenever it is called) counts, as do
     ``locals()``, ``vars()``, ``eval`` and ``exec``."""
+    if _read_any_time(fdef, name) or path_to(fdef.body, stmt) is None:
+        return True
+    for around, later in _after(fdef, stmt):
+        if around is not None and _read_again(around, name):
+            return True
+        found = _first_use(later, name)
+        if found is not None:
+            return found
+    return False
+
+
+def _read_again(around: ast.stmt, name: str, used: Callable[[ast.AST, str], bool] | None = None) -> bool:
+    """Whether the loop or ``try`` around a statement may read ``name`` (``used``: so
+    use it) when it runs its body again: a loop's next pass reads it first where its
+    first pass does."""
+    if isinstance(around, (ast.For, ast.AsyncFor, ast.While)) and not around.orelse:
+        return _first_use([around], name, used) is True
+    return (used or _reads)(around, name)
+
+
+def updated_later(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str) -> bool:
+    """Whether the tensor ``name`` holds when ``stmt`` ends may be updated in place
+    later (as ``live_after``, with an in-place update for a read: ``name = t`` first
+    on every path, then ``name.add_(1)``, updates another tensor)."""
+    if _read_any_time(fdef, name) or path_to(fdef.body, stmt) is None:
+        return True
+    for around, later in _after(fdef, stmt):
+        if around is not None and _read_again(around, name, _updates_in_place):
+            return True
+        found = _first_use(later, name, _updates_in_place)
+        if found is not None:
+            return found
+    return False
+
+
+def live_at_start(fdef: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    """Whether the value a parameter ``name`` holds on entry may be read (as ``live_after``)."""
+    return _read_any_time(fdef, name) or _first_use(fdef.body, name) is True
+
+
+def _read_any_time(fdef: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    """A read whose time the body does not tell: in a nested function or lambda, through
+    ``global`` / ``nonlocal``, ``locals()``, ``vars()``, ``eval`` or ``exec``."""
     for node in ast.walk(fdef):
         if node is not fdef and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and _reads(node, name):
             return True
@@ -196,14 +240,6 @@ def live_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, nam
             return True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("locals", "vars", "eval", "exec"):
             return True
-    if path_to(fdef.body, stmt) is None:
-        return True
-    for around, later in _after(fdef, stmt):
-        if around is not None and _reads(around, name):
-            return True
-        found = _first_use(later, name)
-        if found is not None:
-            return found
     return False
 
 
@@ -251,6 +287,10 @@ def _updates_in_place(node: ast.AST, name: str) -> bool:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and is_name(n.func.value):
             if n.func.attr.endswith("_") and not n.func.attr.endswith("__"):
                 return True
+        if isinstance(n, ast.Call) and n.args and is_name(n.args[0]) and any(
+            k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in n.keywords
+        ):
+            return True  # `F.relu(h, inplace=True)`
         if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store) and is_name(n.value):
             return True
         if isinstance(n, ast.AugAssign) and is_name(n.target):
@@ -267,29 +307,52 @@ def _reads(node: ast.AST, name: str) -> bool:
     )
 
 
-def _first_use(block: list[ast.stmt], name: str) -> bool | None:
-    """True: ``name`` is read before it is assigned on some path through ``block``;
-    False: every path assigns it first, or leaves the function; None: neither
-    (the paths that fall through the block have not met it)."""
+def _names_only(target: ast.expr) -> bool:
+    """``h`` or ``a, (b, *c)``: a target that binds names and stores into nothing."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return all(_names_only(e) for e in target.elts)
+    if isinstance(target, ast.Starred):
+        return _names_only(target.value)
+    return isinstance(target, ast.Name)
+
+
+def _target_of(loop: ast.For | ast.AsyncFor, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(loop.target))
+
+
+def _first_use(block: list[ast.stmt], name: str, used: Callable[[ast.AST, str], bool] | None = None) -> bool | None:
+    """True: ``name`` is read (``used``: so used) before it is assigned on some path
+    through ``block``; False: every path assigns it first, or leaves the function;
+    None: neither (the paths that fall through the block have not met it)."""
+    used = used or _reads
     for stmt in block:
-        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
-            if _reads(stmt.value, name):
+        if isinstance(stmt, ast.Assign) and all(_names_only(t) for t in stmt.targets):
+            if used(stmt.value, name):
                 return True
-            if any(t.id == name for t in stmt.targets):  # type: ignore[attr-defined]
+            if any(isinstance(n, ast.Name) and n.id == name for t in stmt.targets for n in ast.walk(t)):
                 return False
             continue
         if isinstance(stmt, (ast.Return, ast.Raise)):
-            return _reads(stmt, name)
+            return used(stmt, name)
         if isinstance(stmt, ast.If):
-            if _reads(stmt.test, name):
+            if used(stmt.test, name):
                 return True
-            body, other = _first_use(stmt.body, name), _first_use(stmt.orelse, name)
+            body, other = _first_use(stmt.body, name, used), _first_use(stmt.orelse, name, used)
             if body is True or other is True:
                 return True
             if body is False and other is False:
                 return False
             continue
-        if _reads(stmt, name):
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)) and not stmt.orelse:
+            # Each pass runs the body from its start: read first in a later pass only if in the first.
+            head = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
+            if used(head, name):
+                return True
+            bound = isinstance(stmt, ast.While) or not _target_of(stmt, name)  # the loop's target: set before each pass
+            if bound and _first_use(stmt.body, name, used) is True:
+                return True
+            continue  # the loop may run no pass: what follows decides
+        if used(stmt, name):
             return True
     return None
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import functools
 import gc
 import os
@@ -29,6 +30,9 @@ from typing import Any, Iterable
 
 from graphmend import runtime
 from graphmend.analysis import source
+from graphmend.analysis.callers import shared_entry_in_calls, shared_update_in_callers
+from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.shared import SharedUpdates, callees_from, new_from_layers
 from graphmend.analysis.source import (
     RUNTIME_NAME,
     defs_containing,
@@ -217,6 +221,10 @@ class SiteRewrite:
 def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> FunctionNode:
     """Apply each site's rule to its statement in ``located.node`` (in place)."""
     ctx = RewriteContext.for_function(located.node, located.namespace, located.filename, model)
+    # A break between a read and an in-place update of tensors that may share storage stays (shared.SharedUpdates).
+    new_result, callees = new_from_layers(ctx.attribute_values), callees_from(ctx.attribute_values)
+    facts = FunctionFacts.of(located.node, located.namespace, ctx.local_names)
+    shared = SharedUpdates(located.node, facts, new_result, callees)
     placed: list[tuple[SiteRewrite, list[ast.stmt]]] = []
     # Bottom-up so that replacing one statement never moves another's index.
     for site in sorted(sites, key=lambda s: s.line, reverse=True):
@@ -232,6 +240,15 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         ctx.unalias = set()
         ctx.entry = []
         try:
+            joined = (
+                shared.at(body[index])
+                or shared_entry_in_calls(
+                    shared, shared.entry_pairs(body[index]), located.node, located.filename, site.chains, new_result, callees
+                )
+                or shared_update_in_callers(site.chains, new_result, callees)
+            )
+            if joined:
+                raise Decline(_own_reason(site, located.node, ctx) or joined)
             replacement = site.rule.rewrite(body[index], ctx)
         except Decline as exc:
             site.reason = exc.reason
@@ -254,6 +271,23 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
         ctx.entry_kept += ctx.entry
     _place_entry(located.node, ctx.entry_kept)
     return located.node
+
+
+def _own_reason(site: SiteRewrite, fdef: FunctionNode, ctx: RewriteContext) -> str | None:
+    """The site's rule's own reason to decline, asked of a copy of the function (a
+    rewrite may change other statements too): where a break must stay for another
+    reason as well, the report names the rule's, the more specific one."""
+    twin = copy.deepcopy(fdef)
+    found = statement_in(twin.body, site.line, into_classes=False)
+    if found is None:
+        return None
+    try:
+        site.rule.rewrite(found[0][found[1]], dataclasses.replace(ctx, fdef=twin, notes=[], entry=[], entry_kept=[]))
+    except Decline as exc:
+        return exc.reason
+    except Exception:  # a rule bug: reported where the rule applies
+        return None
+    return None
 
 
 def _place_entry(fdef: FunctionNode, entry: list[ast.stmt]) -> None:
