@@ -286,6 +286,14 @@ SHARED_UPDATES = [
     # no frame starts after `n = t` (nothing there for Dynamo to break on); after `t.view(-1)` one may
     ("for i in range(2):\n    t = self.f(h)\n    n = t\n    n.add_(1)\n    print(h)  # <-", None),
     ("for i in range(2):\n    t = self.f(h)\n    n = t.view(-1)\n    n.add_(1)\n    print(h)  # <-", "`h` may share storage with `n`"),
+    # an item store into a list updates no tensor; into a tensor that may hold `h`, it does
+    ("items = [h, x]\nitems[0] = x\nprint(h)  # <-\nitems[1] = h", None),
+    ("items = self.f(h, x)\nitems[0] = x\nprint(h)  # <-\nitems[1] = h", "`h` may share storage with `items`"),
+    # a binding overwritten on the straight path is no name's at the frame's start; not where the new
+    # value reads the name (`h, s = _hands_back(h, s)`) or the old one went on to another name first
+    ("s = h[i]\ns = h.mean()\nprint(h)  # <-\ns.add_(1)", None),
+    ("s = h[i]\nh, s = _hands_back(h, s)\nprint(h)  # <-\ns.add_(1)", "`h` may share storage with `s`"),
+    ("s = h[i]\nt = s\ns = t.view(-1)\nprint(h)  # <-\ns.add_(1)", "`h` may share storage with `s`"),
     # the tensor `n` holds at the frame's start is not the one updated: `n` is bound again first
     ("n = self.f(h)\nprint(h)  # <-\nn = self.g(h)\nn.add_(1)", None),
     ("n = self.f(h)\nprint(h)  # <-\nif x.sum() > 0:\n    n = self.g(h)\nn.add_(1)", "`h` may share storage with `n`"),

@@ -115,16 +115,20 @@ def _transformers_release() -> str:
 def test_on_transformers_5_23_the_ci_subset_loses_most_of_its_breaks_every_mend_verified():
     """Issue 25's measure on the release users run: the 12 architectures that break
     under plain torch.compile (and BERT, which does not), each in its own process:
-    at least 85% of the breaks gone, every mend verified, outputs identical, none worse."""
+    at least 85% of the breaks gone, every mend verified, outputs identical, none worse.
+    hf:ctrl keeps its one break (issue 24's shared-storage check: `create_causal_mask`
+    may hand back `inputs_embeds`, which is updated in place before the break and the
+    mask read after it), so 11 models are mended and verified."""
     from graphmend.tools.survey import models_of, run_survey
 
     report = run_survey("transformers", models_of("transformers", long=False), timeout=600)
     totals = report.totals()
     rows = {r["model"]: r for r in report.rows}
     assert (totals["models"], totals["models_failed"], totals["models_breaking"]) == (13, 0, 12), totals
-    assert (totals["mismatches"], totals["worse"], totals["verified"]) == (0, 0, 12), totals
-    assert (totals["breaks_before"], totals["breaks_after"]) == (101, 11) and totals["fix_rate"] >= 85.0, totals
-    assert all(rows[f"hf:{name}"]["graphs_mended"] == 1 for name in ("xlm", "flaubert", "ctrl", "longt5")), rows
+    assert (totals["mismatches"], totals["worse"], totals["verified"]) == (0, 0, 11), totals
+    assert (totals["breaks_before"], totals["breaks_after"]) == (101, 12) and totals["fix_rate"] >= 85.0, totals
+    assert all(rows[f"hf:{name}"]["graphs_mended"] == 1 for name in ("xlm", "flaubert", "longt5")), rows
+    assert (rows["hf:ctrl"]["graphs_mended"], rows["hf:ctrl"]["rules"]) == (2, []), rows["hf:ctrl"]
 
 
 def _diffusers_release() -> str | None:

@@ -24,13 +24,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Callable
 
-from graphmend.analysis.aliasing import (
-    DISPLAYS,
-    Sharing,
-    has_self,
-    in_place_argument,
-    own_nodes,
-)
+from graphmend.analysis.aliasing import has_self, in_place_argument, own_nodes
 from graphmend.analysis.facts import (
     FunctionFacts,
     live_after,
@@ -40,6 +34,7 @@ from graphmend.analysis.facts import (
     updated_later,
 )
 from graphmend.analysis.purity import is_layer
+from graphmend.analysis.sharing import DISPLAYS, Sharing
 from graphmend.analysis.source import RUNTIME_NAME, definition_of, header_expr
 
 
@@ -75,7 +70,7 @@ class SharedUpdates:
         self._statements = sorted((n for n in own_nodes(fdef) if isinstance(n, ast.stmt)), key=lambda n: (n.lineno, n.col_offset))
         args = fdef.args  # type: ignore[attr-defined]
         self._params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
-        updated = sorted({name for stmt in self._statements for name in _updated(stmt)} - module)
+        updated = sorted({name for stmt in self._statements for name in _updated(stmt)} - module - _containers(fdef))
         self._pairs = [(name, other) for name in updated for other in sorted((reads & sharing.sharers(name)) - {name} - module)]
         # Two parameters share storage where the caller passes tensors that do (judged at the calls: entry_pairs).
         self._entry = [
@@ -134,7 +129,7 @@ class SharedUpdates:
                     kept |= {id(n) for n in ast.walk(stmt)}
                 elif id(stmt) in self._holders_of(point):
                     kept |= {id(n) for n in ast.walk(header_expr(stmt))}
-            kept -= {id(stmt) for stmt in ran if self._overwritten(stmt, point)}  # its calls still count
+            kept -= {id(stmt) for stmt in ran if self._overwritten(stmt, point, ran, including)}  # its calls still count
             sharing = Sharing(
                 self._fdef, self._facts, storage=True, only=lambda node: id(node) in kept,
                 new_result=self._new_result, callees=self._callees,
@@ -164,21 +159,26 @@ class SharedUpdates:
                 return False  # the other branch
         return True
 
-    def _overwritten(self, stmt: ast.stmt, point: ast.stmt) -> bool:
+    def _overwritten(self, stmt: ast.stmt, point: ast.stmt, ran: list[ast.stmt], including: bool) -> bool:
         """An assignment of names each bound again, on every path, after it and before
-        ``point`` (``s = h[0, 0]``, then ``s = h.amax()`` on ``point``'s path): what it
-        bound is no name's at ``point``."""
+        ``point`` (or by it, ``including``), from values that do not read the name (``s
+        = h[0, 0]``, then ``s = h.amax()`` on ``point``'s path), none read in between (``t = s`` would carry
+        the old value on) and no loop holding both: what it bound is no name's at
+        ``point``, and can have gone nowhere else."""
         if not (isinstance(stmt, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in stmt.targets)):
             return False
-        names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if self._loops & self._holders_of(stmt) & self._holders_of(point):
+            return False
         if any(isinstance(n, ast.Starred) for t in stmt.targets for n in ast.walk(t)):
             return False
-        looped = self._loops & self._holders_of(stmt) & self._holders_of(point)
-        for block, index in self._paths.get(id(point)) or path_to(self._fdef.body, point) or []:  # type: ignore[attr-defined]
-            for later in block[:index]:
-                after = later.lineno > stmt.end_lineno or looped and id(later) not in self._holders_of(stmt)  # type: ignore[operator]
-                if after and not self._holds(later, stmt) and looped <= self._holders_of(later) | {id(later)}:
-                    names -= _rebinds(later)
+        names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        path = self._paths.get(id(point)) or path_to(self._fdef.body, point) or []  # type: ignore[attr-defined]
+        for depth, (block, index) in enumerate(path):
+            for later in block[: index + (depth == len(path) - 1 and including)]:  # `point` itself, where it has run
+                if later.lineno <= stmt.end_lineno or self._holds(later, stmt):  # type: ignore[operator]
+                    continue
+                between = [s for s in ran if stmt.end_lineno < s.lineno and s.end_lineno < later.lineno]  # type: ignore[operator]
+                names -= {n for n in _rebinds(later) if not any(_reads_name(s, n) for s in [*between, later])}
         return not names
 
     def _holds(self, stmt: ast.stmt, point: ast.stmt) -> bool:
@@ -340,6 +340,41 @@ def _rebinds(stmt: ast.stmt) -> set[str]:
     if isinstance(stmt, ast.If) and stmt.orelse:
         return {n for s in stmt.body for n in _rebinds(s)} & {n for s in stmt.orelse for n in _rebinds(s)}
     return set()
+
+
+def _containers(fdef: ast.AST) -> set[str]:
+    """Names that only ever hold a list, tuple, dict or set (``*args``, ``**kwargs``,
+    ``args = list(args)``, ``outs = []``): an item store or ``+=`` on one updates
+    no tensor."""
+    args = fdef.args  # type: ignore[attr-defined]
+    found = {extra.arg for extra in (args.vararg, args.kwarg) if extra is not None}
+    bindings: dict[str, list[ast.AST]] = {}
+    for node in own_nodes(fdef):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in (n for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)):
+                    bindings.setdefault(name.id, []).append(node.value if target is name else None)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.withitem, ast.NamedExpr)):
+            for name in ast.walk(getattr(node, "target", None) or getattr(node, "optional_vars", None) or ast.Pass()):
+                if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store):
+                    bindings.setdefault(name.id, []).append(None)
+    if {"list", "tuple", "dict", "set"} & bindings.keys():
+        return found  # a builtin's name taken by a local
+    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    for name, values in bindings.items():
+        if name not in params and all(_container_value(v) for v in values):
+            found.add(name)
+        elif name in found and not all(_container_value(v) for v in values):
+            found.discard(name)
+    return found
+
+
+def _container_value(value: ast.AST | None) -> bool:
+    """A display, a comprehension, or ``list(...)``/``tuple(...)``/``dict(...)``/``set(...)``."""
+    if isinstance(value, DISPLAYS):
+        return True
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("list", "tuple", "dict", "set")
 
 
 def _within(node: ast.AST, outer: ast.AST) -> bool:

@@ -29,9 +29,10 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
-from graphmend.analysis.aliasing import Sharing, alias_roots
+from graphmend.analysis.aliasing import alias_roots
 from graphmend.analysis.facts import FunctionFacts, updated_after
 from graphmend.analysis.purity import Emptiness, same_numel_name, speculation_blockers
+from graphmend.analysis.sharing import Sharing
 from graphmend.analysis.speculated import Tested
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules import _where_select as select
@@ -272,7 +273,7 @@ class Speculation:
         """An in-place update with statements after it in its branch: they read its value
         through ``key`` (the temporary that holds it), so none may read another name that
         could share ``key``'s storage: eagerly that name would show the update, here not
-        until the copy back at the end (``aliasing.Sharing``)."""
+        until the copy back at the end (``sharing.Sharing``)."""
         what = f"`{ast.unparse(node)}`: an in-place update before other statements of its branch"
         if not last or key.startswith("self."):
             raise Decline(what)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import ast
 import copy
 
-from graphmend.analysis.aliasing import Sharing, alias_roots
+from graphmend.analysis.aliasing import alias_roots
 from graphmend.analysis.callers import updated_by_callers
 from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.analysis.shapes import shape_blockers
+from graphmend.analysis.sharing import Sharing
 from graphmend.analysis.speculated import Tested
 from graphmend.compat import release
 from graphmend.rules import Decline, RewriteContext
