@@ -190,15 +190,7 @@ def live_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, nam
     enclosing loop (the next iteration), ``try`` (a handler) or in a nested
     function or lambda (a closure reads it whenever it is called) counts, as do
     ``locals()``, ``vars()``, ``eval`` and ``exec``."""
-    if _read_any_time(fdef, name) or path_to(fdef.body, stmt) is None:
-        return True
-    for around, later in _after(fdef, stmt):
-        if around is not None and _read_again(around, name):
-            return True
-        found = _first_use(later, name)
-        if found is not None:
-            return found
-    return False
+    return _used_later(fdef, stmt, name, _reads)
 
 
 def _read_again(around: ast.stmt, name: str, used: Callable[[ast.AST, str], bool] | None = None) -> bool:
@@ -214,12 +206,20 @@ def updated_later(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, 
     """Whether the tensor ``name`` holds when ``stmt`` ends may be updated in place
     later (as ``live_after``, with an in-place update for a read: ``name = t`` first
     on every path, then ``name.add_(1)``, updates another tensor)."""
+    return _used_later(fdef, stmt, name, _updates_in_place)
+
+
+def _used_later(
+    fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str, used: Callable[[ast.AST, str], bool]
+) -> bool:
+    """Whether some path from the end of ``stmt`` meets ``used(node, name)`` before
+    ``name`` is assigned (``live_after``, ``updated_later``)."""
     if _read_any_time(fdef, name) or path_to(fdef.body, stmt) is None:
         return True
     for around, later in _after(fdef, stmt):
-        if around is not None and _read_again(around, name, _updates_in_place):
+        if around is not None and _read_again(around, name, used):
             return True
-        found = _first_use(later, name, _updates_in_place)
+        found = _first_use(later, name, used)
         if found is not None:
             return found
     return False

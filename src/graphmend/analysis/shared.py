@@ -377,10 +377,6 @@ def _container_value(value: ast.AST | None) -> bool:
     return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("list", "tuple", "dict", "set")
 
 
-def _within(node: ast.AST, outer: ast.AST) -> bool:
-    return any(n is node for n in ast.walk(outer))
-
-
 def _updated_within(stmt: ast.stmt) -> set[str]:
     return {name for s in _statements_in(stmt) for name in _updated(s)}
 
