@@ -22,7 +22,7 @@ import ast
 from typing import Any, Callable
 
 from graphmend.analysis.effects import root_of, self_attribute
-from graphmend.analysis.source import definition_of
+from graphmend.analysis.source import definition_of, in_place_argument, in_place_method
 
 # Methods whose result may share its receiver's storage (or be the receiver).
 VIEW_METHODS = frozenset(
@@ -236,15 +236,9 @@ def alias_roots(node: ast.AST) -> set[str]:
     return set()
 
 
-def in_place_argument(call: ast.Call) -> ast.AST | None:
-    """The argument a call with ``inplace=True`` changes and returns (``F.relu(h, inplace=True)``)."""
-    inplace = any(k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords)
-    return call.args[0] if inplace and call.args else None
-
-
 def returns_receiver(method: str) -> bool:
     """Whether a tensor method of this name may return its receiver or a view of it."""
-    return method in VIEW_METHODS or (method.endswith("_") and not method.startswith("_"))
+    return method in VIEW_METHODS or in_place_method(method)
 
 
 def _bind(target: ast.AST, value: ast.AST, values: dict[str, list[object]], unpack_calls: bool) -> None:

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from graphmend.analysis.source import in_place_argument, in_place_method
+
 # torch.<fn>(...) calls that return tensors, have no side effects and do not
 # raise on well-formed tensor inputs of matching shapes.
 PURE_TORCH_FUNCTIONS = frozenset(
@@ -280,16 +282,19 @@ def updated_after(fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, 
 
 
 def _updates_in_place(node: ast.AST, name: str) -> bool:
+    """Whether ``node``, at any depth, may update the tensor ``name`` holds: an
+    in-place method on it, a call with ``inplace=True`` on it, an item or
+    attribute store into it, ``name += ...`` (``shared._updated`` reads one
+    statement at a time and leaves out attribute stores, which change no
+    storage another tensor sees)."""
     def is_name(n: ast.AST) -> bool:
         return isinstance(n, ast.Name) and n.id == name
 
     for n in ast.walk(node):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and is_name(n.func.value):
-            if n.func.attr.endswith("_") and not n.func.attr.endswith("__"):
+            if in_place_method(n.func.attr):
                 return True
-        if isinstance(n, ast.Call) and n.args and is_name(n.args[0]) and any(
-            k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in n.keywords
-        ):
+        if isinstance(n, ast.Call) and is_name(in_place_argument(n)):
             return True  # `F.relu(h, inplace=True)`
         if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store) and is_name(n.value):
             return True

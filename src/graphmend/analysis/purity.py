@@ -45,7 +45,12 @@ from graphmend.analysis.facts import (
     is_torch_attr,
 )
 from graphmend.analysis.shapes import shape_blockers
-from graphmend.analysis.source import always_evaluated, bound_names, is_runtime_call
+from graphmend.analysis.source import (
+    always_evaluated,
+    bound_names,
+    in_place_method,
+    is_runtime_call,
+)
 from graphmend.analysis.speculated import Emptiness, Tested
 
 # Builtins that change state outside the caller's locals (an iterator's position, attributes, files).
@@ -82,7 +87,7 @@ def stores(targets: Iterable[ast.AST]) -> Iterator[ast.Attribute | ast.Subscript
 def mutating_method(attr: str) -> bool:
     """Whether a method of that name changes its receiver: an in-place tensor
     method (``add_``) or a mutating container method (``append``)."""
-    return (attr.endswith("_") and not attr.endswith("__")) or attr in MUTATING_METHODS
+    return in_place_method(attr) or attr in MUTATING_METHODS
 
 
 def is_layer(module: Any, names: frozenset[str]) -> bool:
@@ -184,7 +189,7 @@ def _spec(node: ast.AST, facts: FunctionFacts, bound: set[str], out: list[str], 
                 out.append(f"torch.{fn} raises on an empty tensor, which the path not taken may hold")
             return
         if isinstance(node.func, ast.Attribute):
-            if node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
+            if in_place_method(node.func.attr):
                 out.append(f"`.{node.func.attr}` mutates its receiver")
             elif node.func.attr not in PURE_TENSOR_METHODS:
                 out.append(f"`.{node.func.attr}(...)` is not a known pure tensor method")

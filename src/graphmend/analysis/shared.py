@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Callable
 
-from graphmend.analysis.aliasing import has_self, in_place_argument, own_nodes
+from graphmend.analysis.aliasing import has_self, own_nodes
 from graphmend.analysis.facts import (
     FunctionFacts,
     live_after,
@@ -35,7 +35,13 @@ from graphmend.analysis.facts import (
 )
 from graphmend.analysis.purity import is_layer
 from graphmend.analysis.sharing import DISPLAYS, Sharing
-from graphmend.analysis.source import RUNTIME_NAME, definition_of, header_expr
+from graphmend.analysis.source import (
+    RUNTIME_NAME,
+    definition_of,
+    header_expr,
+    in_place_argument,
+    in_place_method,
+)
 
 
 class SharedUpdates:
@@ -399,7 +405,7 @@ def _updated(stmt: ast.stmt) -> list[str]:
     names = []
     for node in (stmt, *_expressions(stmt)):
         func = getattr(node, "func", None)
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and _in_place_method(func.attr):
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and in_place_method(func.attr):
             if func.value.id == RUNTIME_NAME:
                 continue  # graphmend's runtime (`print_`): no tensor method
             names.append(func.value.id)
@@ -410,11 +416,6 @@ def _updated(stmt: ast.stmt) -> list[str]:
         elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and not isinstance(node.value, DISPLAYS):
             names.append(node.target.id)  # not `outs += (h,)`: a tuple or list, no tensor
     return names
-
-
-def _in_place_method(attr: str) -> bool:
-    """A tensor method that changes its receiver (``add_``; not ``__setitem__``)."""
-    return attr.endswith("_") and not attr.startswith("_")
 
 
 def _expressions(stmt: ast.stmt):

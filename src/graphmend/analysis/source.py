@@ -259,6 +259,18 @@ def is_runtime_call(node: ast.AST, *names: str) -> bool:
     )
 
 
+def in_place_method(attr: str) -> bool:
+    """Whether a tensor method of this name changes its receiver: ``add_``,
+    ``copy_``, ``_coalesced_`` (a trailing underscore); not ``__setitem__``."""
+    return attr.endswith("_") and not attr.endswith("__")
+
+
+def in_place_argument(call: ast.Call) -> ast.AST | None:
+    """The argument a call with ``inplace=True`` changes and returns (``F.relu(h, inplace=True)``)."""
+    inplace = any(k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords)
+    return call.args[0] if inplace and call.args else None
+
+
 def bound_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     """Parameters and every name the function assigns (its locals)."""
     names = {a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs}

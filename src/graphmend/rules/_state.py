@@ -27,7 +27,6 @@ from graphmend.analysis.aliasing import (
     fresh_arguments,
     fresh_locals,
     has_self,
-    in_place_argument,
     is_super_call,
     may_return_input,
     result_fresh,
@@ -53,6 +52,7 @@ from graphmend.analysis.purity import (
 from graphmend.analysis.source import (
     STORES,
     definition_of,
+    in_place_argument,
     inside_try,
     module_namespace,
     parse_file,
