@@ -970,6 +970,26 @@ def test_the_fuzz_program_whose_early_return_lost_a_store_matches_eager():
     assert result.mismatches == [], result.mismatches[:2]
 
 
+
+def test_a_torch_cond_branch_with_a_value_shaped_operation_is_declined_before_it_fails():
+    """Found by the 5,000-program run (seed 24, program 6327086f9d5a): `k = h[h > 0]` in a
+    branch became torch.cond, which Dynamo captures there only with fullgraph=True
+    (UncapturedHigherOrderOpError); verification reverted it and, with it, the program's
+    legal [Defer] and [Where] rewrites. [Where] now declines the cond form with the reason,
+    and the other rewrites stay: fewer graphs, no revert, every arm (grad on, aot_eager) as eager."""
+    from fuzz.runner import check_program
+
+    result = check_program(fixture_program("fuzz_cond_value_shaped.py"), seed=2916, start=1, grad=True, aot=True)
+    assert result.status == "checked" and result.mismatches == [], result.mismatches[:2]
+    statuses = [(rule, status) for _, rule, status, _ in result.outcomes]
+    assert "reverted" not in [s for _, s in statuses] and ("defer", "applied") in statuses, statuses
+    assert ("where", "applied") in statuses, statuses
+    (cond,) = [r for _, rule, _, r in result.outcomes if "torch.cond: `h[h > 0]`" in r]
+    assert "(`h > 0` may be a boolean mask): its shape or value depends on tensor data" in cond
+    before, after = result.graphs
+    assert after < before, result.graphs
+
+
 # -- golden table --------------------------------------------------------------
 # What [Where] makes of small sources (tests/rules/golden.py): the site is
 # marked `# <-`; each case expects exactly the function after the rewrite, or
@@ -1612,6 +1632,73 @@ GOLDEN = [
             return scale
         """,
         declined='torch.where: `scale = h.amax()`: `.amax(...)` raises on an empty tensor, which the path not taken may hold; torch.cond: `h.amax()` raises on an empty tensor, and torch.cond traces the branch not taken on the shapes of the call',
+    ),
+    golden.case(
+        "torch-cond-declines-a-boolean-mask-in-a-branch",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, h):
+                if (h < 0).all():  # <-
+                    k = h[h > 0]
+                    h = self.lin(h) + k.sum()
+                return h
+        """,
+        declined="torch.where: `k = h[h > 0]`: indexing can go out of range on the path not taken; torch.cond: `h[h > 0]` (`h > 0` may be a boolean mask): its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True",
+    ),
+    golden.case(
+        "torch-cond-declines-a-boolean-mask-in-a-helper-a-branch-calls",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def _positive_sum(self, h):
+                return h[h > 0].sum()
+
+            def forward(self, h):
+                if (h < 0).all():  # <-
+                    h = self.lin(h) + self._positive_sum(h)
+                return h
+        """,
+        declined="torch.where: `h = self.lin(h) + self._positive_sum(h)`: `.lin(...)` is not a known pure tensor method; torch.cond: Model._positive_sum: `h[h > 0]` (`h > 0` may be a boolean mask): its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True",
+    ),
+    golden.case(
+        "torch-cond-keeps-an-index-proven-integer",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, h):
+                idx = torch.arange(2).long()
+                if (h < 0).all():  # <-
+                    h = self.lin(h[idx])
+                return h
+        """,
+        rewritten="""
+        def forward(self, h):
+            idx = torch.arange(2).long()
+            _gm_c0 = (h < 0).all()
+            if __graphmend_rt__.predicable(_gm_c0):
+
+                def _gm_true_branch0():
+                    _gm_t0 = self.lin(h[idx])
+                    return (_gm_t0,)
+
+                def _gm_false_branch0():
+                    return (h.clone(),)
+                __graphmend_rt__.bind(self, h, idx, getattr(self, 'lin', None))
+                h, = torch.cond(_gm_c0, _gm_true_branch0, _gm_false_branch0, ())
+            elif _gm_c0:
+                h = self.lin(h[idx])
+            return h
+        """,
     ),
     golden.case(
         "reduction-in-a-later-operand-of-and",

@@ -300,6 +300,11 @@ def _number(node: ast.AST) -> float | int | None:
     return None
 
 
+def kinds_of(node: ast.AST, facts: FunctionFacts) -> frozenset[str]:
+    """The kinds ``node`` may have anywhere in the function (empty: not a number or tensor)."""
+    return _Kinds(facts, None).of(node, {})
+
+
 def dtype_blockers(node: ast.AST, facts: FunctionFacts, empty: Emptiness) -> list[str]:
     """Why evaluating ``node`` on the path not taken may raise for a dtype no
     guard can rule out (empty when none); the guards it needs go to ``empty.kinds``."""

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ast
 import copy
+import inspect
+import textwrap
 
 from graphmend.analysis.aliasing import alias_roots
 from graphmend.analysis.callers import updated_by_callers
 from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
-from graphmend.analysis.shapes import shape_blockers
+from graphmend.analysis.shapes import shape_blockers, value_shaped
 from graphmend.analysis.sharing import Sharing
 from graphmend.analysis.speculated import Tested
 from graphmend.compat import release
@@ -115,6 +117,8 @@ class CondForm:
                 empty = Emptiness(nonempty - assigned, frozenset(bound) - assigned, rebound=frozenset(assigned))
                 for reason in shape_blockers(node.value, facts, empty):  # type: ignore[attr-defined]
                     raise Decline(f"torch.cond traces the branch not taken on the shapes of the call: {reason}")
+                for found in value_shaped(node.value, facts):  # type: ignore[attr-defined]
+                    raise Decline(f"{found}: {_VALUE_SHAPED}")
                 add_guards(empty, ctx, guards)
                 known.update(_assigned(node) or ())
                 assigned.update(_assigned(node) or ())
@@ -173,8 +177,6 @@ class CondForm:
         builtins; an output a branch leaves unchanged is read there too) and
         the ``self.<attr>`` values they use, read with
         ``getattr(self, attr, None)`` unless the attribute is a property."""
-        import inspect
-
         import torch
 
         names: list[str] = []
@@ -203,8 +205,6 @@ class CondForm:
 
     def _pure_callee(self, call: ast.Call, facts: FunctionFacts, ctx: RewriteContext) -> ast.expr | None:
         """Prove a branch call side-effect free; returns a guard Dynamo checks while tracing."""
-        import inspect
-
         import torch
 
         from graphmend.analysis.facts import PURE_TENSOR_METHODS, PURE_TORCH_FUNCTIONS
@@ -245,7 +245,7 @@ class CondForm:
         value = ctx.value_of(func)
         if value is None:
             raise Decline(f"`{ast.unparse(func)}` could not be resolved")
-        impure = function_impurities(value)
+        impure = function_impurities(value) or _value_shaped_in(value)
         if impure:
             raise Decline(impure[0])
         return None
@@ -261,7 +261,7 @@ class CondForm:
         fn = getattr(found[0], "__func__", found[0])
         if len({id(getattr(m, "__func__", m)) for m in found}) != 1:
             raise Decline(f"`{ast.unparse(func)}` is more than one function over the model's modules")
-        impure = function_impurities(fn)
+        impure = function_impurities(fn) or _value_shaped_in(fn)
         if impure:
             raise Decline(impure[0])
         owner, _, name = fn.__qualname__.rpartition(".")
@@ -270,6 +270,19 @@ class CondForm:
             raise Decline(f"`{ast.unparse(func)}`: its class is not a global of the module, to check it is the method proven")
         mine = ast.Attribute(value=ast.Call(func=load_name("type"), args=[copy.deepcopy(func.value)], keywords=[]), attr=name, ctx=ast.Load())
         return ast.Compare(left=mine, ops=[ast.Is()], comparators=[ast.Attribute(value=load_name(owner), attr=name, ctx=ast.Load())])
+
+
+_VALUE_SHAPED = "its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True"
+
+
+def _value_shaped_in(fn: object) -> list[str]:
+    """Why a helper a branch calls has an operation of :data:`_VALUE_SHAPED`
+    (its source read alone: any tensor index may be a mask)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError):
+        return [f"the source of {getattr(fn, '__qualname__', fn)} is not available"]
+    return [f"{getattr(fn, '__qualname__', fn)}: {found}: {_VALUE_SHAPED}" for found in value_shaped(tree, None)]
 
 
 def _function(name: str, body: list[ast.stmt]) -> ast.FunctionDef:
@@ -299,9 +312,7 @@ def _class_stores(cls: type, skip: tuple[str, int]) -> str | None:
     """The first attribute store, as text, in the methods ``forward`` of ``cls``
     runs: ``forward`` and the methods it calls as ``self.name(...)``, through
     the class's own (not torch's) bases, except the function at ``skip`` (file, line)."""
-    import inspect
     import os
-    import textwrap
 
     methods: dict[str, tuple[ast.AST, str, int]] = {}
     for klass in cls.__mro__:
