@@ -386,3 +386,46 @@ def test_two_parameters_are_judged_at_the_calls_that_pass_them(tmp_path, callers
     else:
         assert found is not None and reason in found, found
         assert found.startswith("`s` may share storage with `h`, which the function updates in place (`h.add_(1)`, line 3)"), found
+
+
+@pytest.mark.parametrize(
+    "test, static",
+    [
+        ("x is None", True),
+        ("not (x is not None and isinstance(x, tuple))", True),
+        ("self.training or hasattr(x, 'bias')", True),
+        ("self.use_bias", False),  # may be a tensor buffer
+        ("x", False),
+        ("x.max() > 1", False),
+        ("x.dim() > 2", False),  # static in Dynamo, not shown so by the source alone
+    ],
+)
+def test_tests_a_torch_cond_branch_may_not_hold(test, static):
+    from graphmend.analysis.traceable import data_tests
+
+    found = data_tests(ast.parse(f"if {test}:\n    y = 1"))
+    assert found == ([] if static else [f"the test `{ast.unparse(ast.parse(test).body[0])}` may be on tensor values"])
+
+
+@pytest.mark.parametrize(
+    "index, shaped, alone",  # alone: read without the function's facts (a helper's source)
+    [
+        ("h[0, :half]", False, True),  # half = h.shape[-1] // 2: a size Dynamo knows
+        ("h[:, 1:-1]", False, False),
+        ("h[idx]", False, True),  # idx = torch.arange(2).long(): not bool
+        ("h[h > 0]", True, True),
+        ("h[mask]", True, True),  # a parameter: may be a boolean mask
+        ("h[:k]", True, True),  # k = h.sum().long(): a tensor bound
+        ("torch.where(h > 0)", True, True),
+        ("torch.where(h > 0, h, 0.0)", False, False),
+    ],
+)
+def test_value_shaped_operations_a_torch_cond_branch_may_not_hold(index, shaped, alone):
+    from graphmend.analysis.facts import FunctionFacts
+    from graphmend.analysis.traceable import value_shaped
+
+    source = f"def f(h, mask):\n    half = h.shape[-1] // 2\n    idx = torch.arange(2).long()\n    k = h.sum().long()\n    y = {index}\n"
+    fdef = ast.parse(source).body[0]
+    facts = FunctionFacts.of(fdef, {"torch": torch}, {n.id for n in ast.walk(fdef) if isinstance(n, ast.Name)})
+    assert bool(value_shaped(fdef.body[-1].value, facts)) is shaped
+    assert bool(value_shaped(fdef.body[-1].value, None)) is alone

@@ -76,8 +76,9 @@ def test_no_code_outside_the_rules_names_a_rule():
             if isinstance(node, ast.Constant) and node.value in RULES:
                 named.append(f"{path.relative_to(package)} {node.value!r}")
     # torch.where: among torch's tensor-making functions, an op whose condition autograd cuts, an
-    # op with dtype and shape facts, and the call graphmend fix writes for a select it proves
+    # op with dtype and shape facts, one whose one-argument form has a shape that depends on the
+    # values, and the call graphmend fix writes for a select it proves
     assert sorted(set(named)) == [
         "analysis/dtypes.py 'where'", "analysis/gradients.py 'where'", "analysis/shapes.py 'where'",
-        "check/tensors.py 'where'", "tools/plain.py 'where'",
+        "analysis/traceable.py 'where'", "check/tensors.py 'where'", "tools/plain.py 'where'",
     ]

@@ -1668,6 +1668,42 @@ GOLDEN = [
         declined="torch.where: `h = self.lin(h) + self._positive_sum(h)`: `.lin(...)` is not a known pure tensor method; torch.cond: Model._positive_sum: `h[h > 0]` (`h > 0` may be a boolean mask): its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True",
     ),
     golden.case(
+        "torch-cond-declines-a-helper-with-a-tensor-test",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def _squash(self, h):
+                if h.max() > 1:
+                    h = torch.relu(h)
+                return h
+
+            def forward(self, h):
+                if (h < 0).all():  # <-
+                    h = self._squash(self.lin(h))
+                return h
+        """,
+        declined="torch.where: `h = self._squash(self.lin(h))`: `.lin(...)` is not a known pure tensor method; torch.cond: Model._squash: the test `h.max() > 1` may be on tensor values, which Dynamo captures in a torch.cond branch only with fullgraph=True",
+    ),
+    golden.case(
+        "torch-cond-declines-a-slice-bounded-by-a-tensor",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def forward(self, h):
+                k = h.sum().long()
+                if (h < 0).all():  # <-
+                    h = self.lin(h) + h[:k].sum()
+                return h
+        """,
+        declined="torch.where: `h = self.lin(h) + h[:k].sum()`: `.lin(...)` is not a known pure tensor method; torch.cond: `h[:k]` (`:k` may be bounded by tensor values): its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True",
+    ),
+    golden.case(
         "torch-cond-keeps-an-index-proven-integer",
         """
         class Model(nn.Module):

@@ -37,7 +37,7 @@ import types
 
 import torch
 
-from graphmend.analysis.dtypes import BOOL, Renamed, key_of, kinds_of, operation
+from graphmend.analysis.dtypes import Renamed, key_of, operation
 from graphmend.analysis.facts import PURE_TENSOR_METHODS, FunctionFacts, is_torch_attr
 from graphmend.analysis.speculated import Emptiness
 
@@ -345,32 +345,3 @@ def shape_blockers(node: ast.AST, facts: FunctionFacts, empty: Emptiness) -> lis
     shapes.form(Renamed(empty.renamed).visit(copy.deepcopy(node)))
     return list(dict.fromkeys(shapes.out))
 
-
-# Outputs whose shape depends on the values: Dynamo captures them inside a
-# ``torch.cond`` branch only with fullgraph=True (torch 2.13; measured), and
-# graphmend compiles without it.
-_VALUE_SHAPED = frozenset("nonzero argwhere masked_select unique unique_consecutive bincount item tolist".split())
-
-
-def value_shaped(node: ast.AST, facts: FunctionFacts | None) -> list[str]:
-    """Operations in ``node`` whose output shape or value depends on tensor data
-    where Dynamo must know it while tracing: indexing by a tensor that may be a
-    boolean mask (``h[h > 0]``), ``torch.where(mask)`` of one argument,
-    ``nonzero``, ``masked_select``, ``unique``, ``.item()``... An index is a
-    mask unless its kinds (``dtypes``, through ``facts``; without facts, any
-    tensor index) rule bool out."""
-    out: list[str] = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Subscript) and not (isinstance(sub.value, ast.Attribute) and sub.value.attr == "shape"):
-            parts = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
-            for part in parts:
-                if isinstance(part, (ast.Constant, ast.Slice)) or _int(part) is not None:
-                    continue
-                if facts is None or BOOL in kinds_of(part, facts):
-                    out.append(f"`{ast.unparse(sub)}` (`{ast.unparse(part)}` may be a boolean mask)")
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, (ast.Attribute, ast.Name)):
-            name = sub.func.attr if isinstance(sub.func, ast.Attribute) else sub.func.id
-            one_arg_where = name == "where" and len(sub.args) + len(sub.keywords) == 1
-            if name in _VALUE_SHAPED or one_arg_where:
-                out.append(f"`{ast.unparse(sub)}`")
-    return list(dict.fromkeys(out))

@@ -14,9 +14,10 @@ from graphmend.analysis.aliasing import alias_roots
 from graphmend.analysis.callers import updated_by_callers
 from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
-from graphmend.analysis.shapes import shape_blockers, value_shaped
+from graphmend.analysis.shapes import shape_blockers
 from graphmend.analysis.sharing import Sharing
 from graphmend.analysis.speculated import Tested
+from graphmend.analysis.traceable import data_tests, value_shaped
 from graphmend.compat import release
 from graphmend.rules import Decline, RewriteContext
 from graphmend.rules._ast import (
@@ -118,7 +119,9 @@ class CondForm:
                 for reason in shape_blockers(node.value, facts, empty):  # type: ignore[attr-defined]
                     raise Decline(f"torch.cond traces the branch not taken on the shapes of the call: {reason}")
                 for found in value_shaped(node.value, facts):  # type: ignore[attr-defined]
-                    raise Decline(f"{found}: {_VALUE_SHAPED}")
+                    raise Decline(f"{found}: its shape or value depends on tensor data, which {_UNTRACEABLE}")
+                for found in data_tests(node.value):  # type: ignore[attr-defined]
+                    raise Decline(f"{found}, which {_UNTRACEABLE}")
                 add_guards(empty, ctx, guards)
                 known.update(_assigned(node) or ())
                 assigned.update(_assigned(node) or ())
@@ -245,7 +248,7 @@ class CondForm:
         value = ctx.value_of(func)
         if value is None:
             raise Decline(f"`{ast.unparse(func)}` could not be resolved")
-        impure = function_impurities(value) or _value_shaped_in(value)
+        impure = function_impurities(value) or _untraceable_in(value)
         if impure:
             raise Decline(impure[0])
         return None
@@ -261,7 +264,7 @@ class CondForm:
         fn = getattr(found[0], "__func__", found[0])
         if len({id(getattr(m, "__func__", m)) for m in found}) != 1:
             raise Decline(f"`{ast.unparse(func)}` is more than one function over the model's modules")
-        impure = function_impurities(fn) or _value_shaped_in(fn)
+        impure = function_impurities(fn) or _untraceable_in(fn)
         if impure:
             raise Decline(impure[0])
         owner, _, name = fn.__qualname__.rpartition(".")
@@ -272,17 +275,19 @@ class CondForm:
         return ast.Compare(left=mine, ops=[ast.Is()], comparators=[ast.Attribute(value=load_name(owner), attr=name, ctx=ast.Load())])
 
 
-_VALUE_SHAPED = "its shape or value depends on tensor data, which Dynamo captures in a torch.cond branch only with fullgraph=True"
+_UNTRACEABLE = "Dynamo captures in a torch.cond branch only with fullgraph=True"
 
 
-def _value_shaped_in(fn: object) -> list[str]:
-    """Why a helper a branch calls has an operation of :data:`_VALUE_SHAPED`
-    (its source read alone: any tensor index may be a mask)."""
+def _untraceable_in(fn: object) -> list[str]:
+    """Why a helper a branch calls cannot be traced in a torch.cond branch
+    (``analysis/traceable.py``; its source read alone)."""
+    name = getattr(fn, "__qualname__", fn)
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
     except (OSError, TypeError, SyntaxError):
-        return [f"the source of {getattr(fn, '__qualname__', fn)} is not available"]
-    return [f"{getattr(fn, '__qualname__', fn)}: {found}: {_VALUE_SHAPED}" for found in value_shaped(tree, None)]
+        return [f"the source of {name} is not available"]
+    found = [f"{f}: its shape or value depends on tensor data" for f in value_shaped(tree, None)] + data_tests(tree)
+    return [f"{name}: {f}, which {_UNTRACEABLE}" for f in found]
 
 
 def _function(name: str, body: list[ast.stmt]) -> ast.FunctionDef:

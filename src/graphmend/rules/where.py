@@ -97,11 +97,9 @@ while tracing) sends a subclass's own method, never proven, to the original.
   classes and the methods it calls as ``self.name(...)``. Dynamo (torch 2.13
   and 2.14, ``compat.TorchRelease.cond_drops_later_stores``) then drops the
   attribute stores made after the cond (measured with hand-written
-  ``torch.cond``); or when a branch, or a helper it calls, holds an operation
-  whose shape or value depends on tensor data (``h[h > 0]``, any index not
-  proven non-bool, ``torch.where(mask)``, ``nonzero``, ``.item()``): Dynamo
-  captures those in a ``torch.cond`` branch only with ``fullgraph=True``
-  (``analysis/shapes.value_shaped``);
+  ``torch.cond``); or when a branch or a helper it calls holds what Dynamo
+  traces there only with ``fullgraph=True`` (``analysis/traceable.py``): a
+  value-shaped operation (``h[h > 0]``, ``.item()``) or a test on tensor values;
 - a name assigned on one path only and read after the ``if``; a
   ``self.<attr>`` store where no module of the model has that attribute yet
   (the select reads it on every call) or it holds a Python number;
