@@ -344,4 +344,3 @@ def shape_blockers(node: ast.AST, facts: FunctionFacts, empty: Emptiness) -> lis
     shapes = _Shapes(facts, empty)
     shapes.form(Renamed(empty.renamed).visit(copy.deepcopy(node)))
     return list(dict.fromkeys(shapes.out))
-
