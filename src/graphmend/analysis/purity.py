@@ -50,6 +50,7 @@ from graphmend.analysis.source import (
     bound_names,
     in_place_method,
     is_runtime_call,
+    source_tree,
 )
 from graphmend.analysis.speculated import Emptiness, Tested
 
@@ -333,16 +334,11 @@ def function_impurities(fn: Any, depth: int = 0) -> list[str]:
     calls pure builtins, ``math``, torch's pure functions and factories,
     tensor methods that do not mutate, ``dict.get`` and other functions
     that are pure by the same test (two levels deep). It may raise."""
-    import inspect
-    import textwrap
-
     code = getattr(fn, "__code__", None)
     if code is None:
         return [f"{getattr(fn, '__name__', fn)!s} has no Python source"]
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return [f"the source of {fn.__qualname__} is not available"]
     fdef = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     if fdef is None:
@@ -423,14 +419,11 @@ def module_impurity(module: torch.nn.Module, depth: int = 0) -> str | None:
         return None
     if depth > 3:
         return f"{name} nests modules too deep to check"
-    import inspect
-    import textwrap
-
     forward = type(module).forward
-    try:
-        fdef = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
+    tree = source_tree(forward)
+    if tree is None or not tree.body:
         return f"the source of {name}.forward is not available"
+    fdef = tree.body[0]
     local = bound_names(fdef)
     namespace = getattr(forward, "__globals__", {})
     for node in ast.walk(fdef):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import linecache
 import os
 import sys
+import textwrap
 import types
 from dataclasses import dataclass
 from functools import lru_cache
@@ -158,6 +160,15 @@ def definition_of(code: types.CodeType) -> ast.FunctionDef | ast.AsyncFunctionDe
         ):
             return node
     return None
+
+
+def source_tree(fn: object) -> ast.Module | None:
+    """``fn``'s source as ``inspect`` finds it (its file's text, not a rewrite
+    graphmend installed), dedented and parsed; None where there is none."""
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError):
+        return None
 
 
 def module_namespace(path: str) -> dict:

@@ -23,6 +23,7 @@ import ast
 
 from graphmend.analysis.dtypes import BOOL, kinds_of
 from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.purity import param_names
 
 _VALUE_SHAPED = frozenset("nonzero argwhere masked_select unique unique_consecutive bincount item tolist".split())
 _STATIC_CALLS = frozenset({"isinstance", "hasattr", "callable"})
@@ -98,9 +99,8 @@ def _size(node: ast.expr, facts: FunctionFacts | None, depth: int = 0) -> bool:
             _size(a, facts, depth) for a in node.args
         )
     if isinstance(node, ast.Name) and facts is not None and depth < 10:
-        values = facts.assignments.get(node.id, [])
-        params = facts.fdef.args
-        if node.id in {a.arg for a in params.args + params.kwonlyargs + params.posonlyargs}:
+        if node.id in param_names(facts.fdef):
             return False
+        values = facts.assignments.get(node.id, [])
         return len(values) == 1 and isinstance(values[0], ast.expr) and _size(values[0], facts, depth + 1)
     return False

@@ -16,6 +16,7 @@ from graphmend.analysis.facts import FunctionFacts, live_after
 from graphmend.analysis.purity import Emptiness, empty_reduction
 from graphmend.analysis.shapes import shape_blockers
 from graphmend.analysis.sharing import Sharing
+from graphmend.analysis.source import source_tree
 from graphmend.analysis.speculated import Tested
 from graphmend.analysis.traceable import data_tests, value_shaped
 from graphmend.compat import release
@@ -282,9 +283,8 @@ def _untraceable_in(fn: object) -> list[str]:
     """Why a helper a branch calls cannot be traced in a torch.cond branch
     (``analysis/traceable.py``; its source read alone)."""
     name = getattr(fn, "__qualname__", fn)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
-    except (OSError, TypeError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return [f"the source of {name} is not available"]
     found = [f"{f}: its shape or value depends on tensor data" for f in value_shaped(tree, None)] + data_tests(tree)
     return [f"{name}: {f}, which {_UNTRACEABLE}" for f in found]
