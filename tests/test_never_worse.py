@@ -142,8 +142,8 @@ def test_capture_flags_that_cost_graphs_are_dropped(monkeypatch):
 
     real = session_module.trial
 
-    def costly(target, grad, flags):
-        trial = real(target, grad, flags)
+    def costly(target, grad, flags, stage=None):
+        trial = real(target, grad, flags, stage)
         if flags:
             trial.report.graphs += 2
         return trial

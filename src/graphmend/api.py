@@ -92,15 +92,17 @@ def mend_model(
     verify: bool = True,
     grad: bool = False,
     cache: bool = False,
+    stage: Any = None,
 ) -> MendReport:
     """``mend`` with its options spelled out (``graphmend.compile`` and ``bench`` call it):
-    ``cache``, use and fill the mend cache (cache.py)."""
+    ``cache``, use and fill the mend cache (cache.py); ``stage``, the backend the
+    model will be compiled with, which the mend's traces go through (pipeline.py)."""
     check_environment()
     target = target_from_objects(model, args, kwargs)
     with _alone():
         def mend() -> tuple[MendReport, Mending]:
             with quiet():  # analysis runs of the model: their output is not the user's
-                return mend_target(target, rules=tuple(rules), verify=verify, grad=grad)
+                return mend_target(target, rules=tuple(rules), verify=verify, grad=grad, stage=stage)
 
         if mend_cache.enabled(cache):
             report, mending = mend_cache.mend_cached(target, tuple(rules), verify, grad, mend)
@@ -222,8 +224,11 @@ class _Mender:
     all). The first call in the other grad mode measures the mending again in
     that mode, so ``report`` always says what the calls get."""
 
-    def __init__(self, model: Any, rules: tuple[str, ...], verify: bool, timeout: float | None, cache: bool = True) -> None:
+    def __init__(
+        self, model: Any, rules: tuple[str, ...], verify: bool, timeout: float | None, cache: bool = True, stage: Any = None
+    ) -> None:
         self.model, self.rules, self.verify, self.timeout, self.cache = model, rules, verify, timeout, cache
+        self.stage = stage  # the compile's backend, which the mend's traces go through (None: a counting one)
         self.lock = threading.Lock()
         self.settled = False  # mended, or given up
         self.tries = 0
@@ -235,9 +240,12 @@ class _Mender:
         return self.holder.report if self.holder is not None else None
 
     def ready(self, args: tuple, kwargs: dict, grad: bool | None = None) -> bool:
-        """Before a call (in the current grad mode, unless ``grad`` says which):
-        mend, or wait for the thread that mends. False when the wait timed
-        out: the call runs the model eagerly."""
+        """Before a call (in the current grad mode, unless ``grad`` says which:
+        ``example_inputs``, with no call to follow at once): mend, or wait for the
+        thread that mends. False when the wait timed out: the call runs the
+        model eagerly."""
+        if self.stage is not None:  # a call follows: a graph whose compile cannot wait is compiled in the mend
+            self.stage.compile_ahead = grad is None
         grad = torch.is_grad_enabled() if grad is None else grad
         if not (self.settled and (not self.reports or grad in self.reports)):
             if not self.lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
@@ -272,7 +280,9 @@ class _Mender:
         subject = _mend_subject(self.model)
         try:
             rules = _wrapper_rules(self.model, self.rules)
-            report = mend_model(subject, args, kwargs, rules=rules, verify=self.verify, grad=grad, cache=self.cache)
+            report = mend_model(
+                subject, args, kwargs, rules=rules, verify=self.verify, grad=grad, cache=self.cache, stage=self.stage
+            )
         except EagerFailure as exc:  # the user's bad call: it raises on its own, the next one may mend
             self.tries += 1
             if self.tries >= MAX_TRIES:
@@ -299,7 +309,7 @@ class _Mender:
             return
         try:
             with _alone(), quiet():
-                report, changed = report_in_mode(self.reports[not grad], mending, grad, args, kwargs)
+                report, changed = report_in_mode(self.reports[not grad], mending, grad, args, kwargs, self.stage)
             if changed:  # rewrites were taken back: the other mode's report is out of date
                 self.reports.clear()
             self.reports[grad] = report
@@ -317,6 +327,17 @@ class _Mender:
             RuntimeWarning,
             stacklevel=5,
         )
+
+
+def _stage_of(kwargs: dict[str, Any]) -> FallbackBackend | None:
+    """The backend the mend's traces can go through, so that the last one is the
+    compile's (rewrite/fallback.py, staged graphs): ``graphmend.compile``'s own, when
+    ``torch.compile`` gets nothing else that shapes the trace (``fullgraph``, Dynamo
+    options, ``dynamic=True``, ``disable``)."""
+    backend = kwargs.get("backend")
+    if not isinstance(backend, FallbackBackend) or set(kwargs) - {"backend", "dynamic"}:
+        return None
+    return backend if kwargs.get("dynamic") in (None, False) else None
 
 
 def _mending_of(model: Any) -> Mending | None:
@@ -394,12 +415,12 @@ def compile(
     except UnsupportedEnvironment as exc:  # never fail where torch.compile alone would work
         warnings.warn(f"{exc.message}; compiling the model unchanged", RuntimeWarning, stacklevel=2)
         return torch.compile(model, **torch_compile_kwargs)
-    mender = _Mender(model, tuple(rules), verify, mend_timeout, cache)
+    # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
+    kwargs = compile_kwargs(torch_compile_kwargs)
+    mender = _Mender(model, tuple(rules), verify, mend_timeout, cache, _stage_of(kwargs))
     if example_inputs is not None:  # no call to take the grad mode from: measured for inference, as mend()
         mender.ready(*_split_inputs(example_inputs), grad=False)
 
-    # Mended graphs are new to the backend: one it fails on runs as captured (fallback.py).
-    kwargs = compile_kwargs(torch_compile_kwargs)
     inner = torch.compile(model, **kwargs)
     if isinstance(kwargs.get("backend"), FallbackBackend) and hasattr(inner, "get_compiler_config"):
         inner.get_compiler_config = kwargs["backend"].get_compiler_config  # what torch.compile's would say

@@ -38,6 +38,7 @@ from graphmend.discover.capture import Capture
 from graphmend.discover.explain import ExplainReport, explain_target
 from graphmend.discover.isolation import random_state_kept
 from graphmend.discover.sites import BreakSite
+from graphmend.discover.trace import tally
 from graphmend.errors import EagerFailure
 from graphmend.models.targets import Target
 from graphmend.passes import (
@@ -73,16 +74,23 @@ def mend_target(
     max_rounds: int = 3,
     grad: bool = False,
     mending: Mending | None = None,
+    stage: Any = None,
 ) -> tuple["MendReport", Mending]:
     """Mend ``target`` in memory. Returns the report and the undo handle.
-    If anything fails midway, every function already rewritten is restored."""
-    session = Session(target, tuple(rules), grad, verify, max_rounds, mending or Mending())
+    If anything fails midway, every function already rewritten is restored.
+    ``stage``: ``graphmend.compile``'s backend; every trace goes through it,
+    and the last one's graphs stay in Dynamo's cache for the first call
+    when they are of the code as finally installed (``report.staged``)."""
+    session = Session(target, tuple(rules), grad, verify, max_rounds, mending or Mending(), stage=stage)
     try:
         with random_state_kept():  # mending runs the model: the user's generators stay where they are
             for step in PASSES:
-                began = time.perf_counter()
+                began, (traces, frames) = time.perf_counter(), tally()
                 step(session)
                 session.pass_seconds[step.__name__] = time.perf_counter() - began
+                now = tally()
+                session.pass_traces[step.__name__] = (now[0] - traces, now[1] - frames)
+            session.keeps_staged()
     except BaseException:
         session.mending.undo()
         raise
@@ -102,7 +110,8 @@ def observe_baseline(session: Session) -> None:
 
 
 def discover(session: Session) -> None:
-    session.before = session.current = explain_target(session.target, grad=session.grad)
+    session.before = session.current = explain_target(session.target, grad=session.grad, stage=session.stage)
+    session.staged = session.state(()) if session.stage is not None else None
 
 
 def rewrite_rounds(session: Session) -> None:
@@ -193,33 +202,37 @@ def report_of(session: Session) -> "MendReport":
         kept=session.kept,
         grad=session.grad,
         pass_seconds=dict(session.pass_seconds),
+        pass_traces=dict(session.pass_traces),
+        staged=session.staged is not None,
     )
 
 
 def report_in_mode(
-    report: "MendReport", mending: Mending, grad: bool, args: tuple, kwargs: dict
+    report: "MendReport", mending: Mending, grad: bool, args: tuple, kwargs: dict, stage: Any = None
 ) -> tuple["MendReport", bool]:
     """``report``'s mending measured with autograd ``grad`` on a call's inputs:
     the original and the mended program traced in that mode (a [Where]
     rewrite runs the original branch under grad, say), and never worse there
     either (passes/never_worse.py). Returns the report and whether rewrites
-    were taken back (a report of the other mode is then out of date)."""
+    were taken back (a report of the other mode is then out of date).
+    ``stage``: as for ``mend_target``, the traces go through it."""
     assert mending.target is not None, "a mending knows its target once mend_target returns"
     target = dataclasses.replace(mending.target, args=tuple(args), kwargs=dict(kwargs))
     session = Session(
         target, report.rules, grad, mending=mending, capture=report.capture, kept=list(report.kept),
-        outcomes={(o.file, o.line): copy_outcome(o) for o in report.outcomes},
+        outcomes={(o.file, o.line): copy_outcome(o) for o in report.outcomes}, stage=stage,
     )
     with random_state_kept():
         with mending.original_code():
-            session.before = explain_target(target, grad=grad)
+            session.before = explain_target(target, grad=grad, stage=stage)
             baseline = session.observe(in_region=False)
         session.current = session.retrace(session.capture.flags)
         taken = never_worse.take_back_worse(session, baseline if report.verified else None)
+        session.keeps_staged()
     note_still_breaking(session)
     mended = dataclasses.replace(
         report, before=session.before, after=session.current, capture=session.capture, kept=session.kept, grad=grad,
-        outcomes=sorted(session.outcomes.values(), key=lambda o: (o.path, o.line)),
+        outcomes=sorted(session.outcomes.values(), key=lambda o: (o.path, o.line)), staged=session.staged is not None,
     )
     return mended, taken
 
@@ -243,6 +256,31 @@ class MendReport:
     grad: bool = False  # the autograd mode the graphs were measured in
     from_cache: bool = False  # installed from the mend cache (cache.py): measured by an earlier process
     pass_seconds: dict[str, float] = field(default_factory=dict)  # each pass's wall time (PASSES)
+    pass_traces: dict[str, tuple[int, int]] = field(default_factory=dict)  # each pass's (model calls, frames) under Dynamo
+    staged: bool = False  # the last trace's graphs were left for the first call to compile (graphmend.compile)
+
+    @property
+    def traces(self) -> int:
+        """Calls of the model under Dynamo the mend made (discovery's trace included; none from the cache)."""
+        return 0 if self.from_cache else sum(t for t, _ in self.pass_traces.values())
+
+    @property
+    def frames_traced(self) -> int:
+        """Frames Dynamo traced for the mend (each call traces the entry and every frame a break resumes or skips)."""
+        return 0 if self.from_cache else sum(f for _, f in self.pass_traces.values())
+
+    @property
+    def mend_passes(self) -> dict[str, dict[str, float]]:
+        """Each pass that took time or traced: its seconds, model calls under Dynamo and frames traced
+        (none for a mend from the cache)."""
+        out: dict[str, dict[str, float]] = {}
+        if self.from_cache:
+            return out
+        for name, seconds in self.pass_seconds.items():
+            traces, frames = self.pass_traces.get(name, (0, 0))
+            if traces or frames or seconds >= 0.001:
+                out[name] = {"seconds": round(seconds, 3), "traces": traces, "frames": frames}
+        return out
 
     @property
     def mend_split(self) -> dict[str, float]:
@@ -310,6 +348,10 @@ class MendReport:
             "seconds": round(self.seconds, 3),
             "from_cache": self.from_cache,
             "mend_split": self.mend_split,
+            "traces": self.traces,
+            "frames_traced": self.frames_traced,
+            "staged": self.staged,
+            "mend_passes": self.mend_passes,
             "sites": [o.to_dict() for o in self.outcomes],
             "capture": self.capture.to_dict(),
             "kept": list(self.kept),

@@ -162,8 +162,9 @@ def test_threads_never_mix_or_lose_effects():
     seen = {}
     real_print = builtins.print
 
+    # By thread name: a thread's ident is reused by one started after it ended.
     def spy(*a, **k):
-        seen.setdefault(threading.get_ident(), []).append(a[1])
+        seen.setdefault(threading.current_thread().name, []).append(a[1])
 
     results = {}
 
@@ -172,7 +173,7 @@ def test_threads_never_mix_or_lose_effects():
         with torch.no_grad():
             for _ in range(20):
                 c(x)
-        results[threading.get_ident()] = 2.0 * i
+        results[threading.current_thread().name] = 2.0 * i
 
     builtins.print = spy
     try:

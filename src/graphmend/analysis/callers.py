@@ -31,6 +31,7 @@ from typing import Any
 from graphmend.analysis.aliasing import has_self, own_nodes, passed
 from graphmend.analysis.effects import root_of
 from graphmend.analysis.facts import FunctionFacts, updated_after
+from graphmend.analysis.memo import recall
 from graphmend.analysis.shared import SharedUpdates, always_alike
 from graphmend.analysis.source import (
     defs_containing,
@@ -68,6 +69,14 @@ def updated_by_callers(chains: list | None, fdef: ast.AST, name: str) -> str | N
     return None
 
 
+def _judged(caller: ast.AST, path: str, new_result: Any, callees: Any) -> SharedUpdates:
+    """``SharedUpdates`` of a caller, once per round (analysis/memo.py)."""
+    def judge() -> SharedUpdates:
+        return SharedUpdates(caller, FunctionFacts.of(caller, module_namespace(path), set()), new_result, callees)
+
+    return recall(("shared updates", id(caller), id(new_result), id(callees)), judge, caller, new_result, callees)
+
+
 def shared_update_in_callers(chains: list | None, new_result: Any = None, callees: Any = None) -> str | None:
     """``shared.SharedUpdates`` of each caller on the chains, at the call it
     stands on (Dynamo inlines the callers into the frame the site's break
@@ -80,8 +89,7 @@ def shared_update_in_callers(chains: list | None, new_result: Any = None, callee
             if found is None:
                 continue
             caller, block, index = found
-            facts = FunctionFacts.of(caller, module_namespace(frame.file), set())
-            reason = SharedUpdates(caller, facts, new_result, callees).at(block[index])
+            reason = _judged(caller, frame.file, new_result, callees).at(block[index])
             if reason:
                 return f"in the caller {caller.name} ({frame.file.rsplit('/', 1)[-1]}:{frame.line}), {reason}"
     return None
@@ -114,8 +122,7 @@ def _entry_calls(
         name, other = pairs[0]
         return pairs[0], f"`{other}` and `{name}` are parameters whose callers are not all known"
     for caller, stmt, call, where, bound in calls:
-        facts = FunctionFacts.of(caller, module_namespace(where), set())
-        prefix, varies = SharedUpdates(caller, facts, new_result, callees).prefix(stmt, including=False)
+        prefix, varies = _judged(caller, where, new_result, callees).prefix(stmt, including=False)
         args = dict(passed(call, fdef, bound=bound))
         params = {a.arg for a in caller.args.posonlyargs + caller.args.args + caller.args.kwonlyargs} - {"self"}
         for name, other in pairs:

@@ -66,8 +66,10 @@ class Sharing:
         only: Callable[[ast.AST], bool] | None = None, depth: int = 0,
         new_result: Callable[[ast.Call], bool] | None = None,
         callees: Callable[[ast.Call], list[tuple[Any, bool]] | None] | None = None,
+        _judged: dict[tuple[int, int], tuple[Any, "Sharing"]] | None = None,
     ) -> None:
         self._parent: dict[str, str] = {}
+        self._judged = {} if _judged is None else _judged  # callees judged below this one: ``of``
         self._facts = facts
         self._storage = storage  # only storage counts: `a * 2` is new, `out.add_(y)` keeps nothing of `y`
         args = fdef.args  # type: ignore[attr-defined]
@@ -297,9 +299,15 @@ class Sharing:
         return always
 
     def of(self, callee: Any) -> "Sharing":
-        """The same judgement of a callee's body (with ``storage``, one call deeper)."""
-        return Sharing(callee, FunctionFacts.of(callee, self._facts.globals, set()), storage=self._storage,
-                       depth=self._depth + 1, new_result=self._new_result, callees=self._resolve)
+        """The same judgement of a callee's body (with ``storage``, one call deeper),
+        made once per callee and depth for this judgement and the ones below it."""
+        key = (id(callee), self._depth + 1)
+        if key not in self._judged:  # the def is kept with it: its id is not reused meanwhile
+            judged = Sharing(callee, FunctionFacts.of(callee, self._facts.globals, set()), storage=self._storage,
+                             depth=self._depth + 1, new_result=self._new_result, callees=self._resolve,
+                             _judged=self._judged)
+            self._judged[key] = (callee, judged)
+        return self._judged[key][1]
 
     def _callees(self, call: ast.Call) -> list[tuple[Any, bool]] | None:
         """(def, whether ``self`` is bound) for each function the call may run, or None."""

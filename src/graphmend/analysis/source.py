@@ -8,6 +8,7 @@ modification time.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import inspect
 import linecache
@@ -15,7 +16,7 @@ import os
 import sys
 import textwrap
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
@@ -25,6 +26,16 @@ class ParsedFile:
     path: str
     text: str
     tree: ast.Module
+    _defs: dict = field(default_factory=dict, compare=False, repr=False)  # (name, first line) -> def, filled once
+
+    def definition(self, name: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The ``def`` named ``name`` whose first line (decorators included) is ``line``."""
+        if not self._defs:
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self._defs.setdefault((node.name, first_line(node)), node)
+            self._defs.setdefault(None, None)  # filled, even with no def
+        return self._defs.get((name, line))
 
 
 @lru_cache(maxsize=256)
@@ -150,16 +161,7 @@ def definition_of(code: types.CodeType) -> ast.FunctionDef | ast.AsyncFunctionDe
     if id(code) in MENDED:
         return MENDED[id(code)]
     parsed = parse_file(code.co_filename)
-    if parsed is None:
-        return None
-    for node in ast.walk(parsed.tree):
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == code.co_name
-            and first_line(node) == code.co_firstlineno
-        ):
-            return node
-    return None
+    return parsed.definition(code.co_name, code.co_firstlineno) if parsed is not None else None
 
 
 def source_tree(fn: object) -> ast.Module | None:
@@ -173,12 +175,18 @@ def source_tree(fn: object) -> ast.Module | None:
 
 def module_namespace(path: str) -> dict:
     """The globals of the imported module whose file is ``path`` (empty if none)."""
-    real = os.path.realpath(path)
+    real = _real(path)
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if file and os.path.realpath(file) == real:
+        if isinstance(file, str) and _real(file) == real:
             return vars(module)
     return {}
+
+
+@lru_cache(maxsize=8192)
+def _real(path: str) -> str:
+    """``os.path.realpath``, once per path (it reads every folder on the way)."""
+    return os.path.realpath(path)
 
 
 def header_expr(node: ast.stmt) -> ast.AST:
@@ -307,12 +315,23 @@ def bound_names(fdef: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 
 def defs_containing(tree: ast.AST, line: int) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     """Function definitions whose body holds ``line``, innermost first."""
-    out = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno)
-    ]
+    out = [n for n in _defs_of(tree) if n.lineno <= line <= (n.end_lineno or n.lineno)]
     return sorted(out, key=lambda n: n.lineno, reverse=True)
+
+
+# id(tree) -> (tree, its defs): the tree is kept, so its id is not reused while the entry lasts.
+_DEFS: "collections.OrderedDict[int, tuple[ast.AST, list]]" = collections.OrderedDict()
+
+
+def _defs_of(tree: ast.AST) -> list:
+    """Every function definition in ``tree``, walked once for the last 256 trees asked."""
+    found = _DEFS.get(id(tree))
+    if found is None or found[0] is not tree:
+        found = (tree, [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))])
+        _DEFS[id(tree)] = found
+        if len(_DEFS) > 256:
+            _DEFS.popitem(last=False)
+    return found[1]
 
 
 def inside_try(fdef: ast.AST, stmt: ast.stmt) -> bool:

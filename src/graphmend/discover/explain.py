@@ -49,13 +49,9 @@ from graphmend.discover.sites import (
     group_sites,
 )
 from graphmend.discover.trace import Trace, trace_breaks
+from graphmend.discover.weights import private
 from graphmend.errors import CompileFailure, GraphmendError, describe, root_cause
-from graphmend.models.targets import (
-    Target,
-    private_copy,
-    run_eager,
-    target_from_objects,
-)
+from graphmend.models.targets import Target, run_eager, target_from_objects
 
 SCHEMA_VERSION = 1
 
@@ -179,18 +175,20 @@ def report_from_trace(name: str, trace: Trace, dynamic: bool | None = False) -> 
 
 
 def explain_target(
-    target: Target, *, calls: int = 1, grad: bool = False, dynamic: bool | None = False
+    target: Target, *, calls: int = 1, grad: bool = False, dynamic: bool | None = False, stage: Any = None
 ) -> ExplainReport:
     """Explain a loaded target: run it eagerly (it must work), then trace it.
-    Both runs use private copies: the user's model and inputs are not touched,
-    nor the random generators."""
+    Both runs use private copies (weights.py): the user's model and inputs are
+    not touched, nor the random generators. ``stage``: trace through that
+    recording backend (trace.trace_breaks)."""
     with random_state_kept():
-        run_eager(private_copy(target), grad)
-        subject = private_copy(target)
+        with private(target) as subject:
+            run_eager(subject, grad)
         try:
-            trace = trace_breaks(
-                subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic
-            )
+            with private(target) as subject:
+                trace = trace_breaks(
+                    subject.model, subject.args, subject.kwargs, calls=calls, grad=grad, dynamic=dynamic, stage=stage
+                )
         except GraphmendError:
             raise
         except Exception as exc:
@@ -199,7 +197,7 @@ def explain_target(
             raise CompileFailure(
                 f"{target.name}: torch.compile raises on the model (it runs eagerly): {describe(root_cause(exc), 300)}{where}"
             ) from exc
-    return report_from_trace(target.name, trace, dynamic)
+    return report_from_trace(target.name, trace, stage.dynamic if stage is not None else dynamic)
 
 
 def explain(model_or_fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:

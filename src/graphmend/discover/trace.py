@@ -386,6 +386,22 @@ def _scalar_asserts(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return tuple(found)
 
 
+_TRACES = [0]  # calls of a model graphmend made under Dynamo in this process (made under the regions' lock)
+
+
+def count_trace() -> None:
+    """One more call of a model under Dynamo (``trace_breaks``, a compiled observation)."""
+    _TRACES[0] += 1
+
+
+def tally() -> tuple[int, int]:
+    """(calls of a model graphmend made under Dynamo, frames Dynamo traced) so far in
+    this process: what a pass cost in traces is the difference across it."""
+    from torch._dynamo.utils import counters
+
+    return _TRACES[0], counters["frames"].get("total", 0)
+
+
 def _op_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
@@ -401,11 +417,17 @@ def trace_breaks(
     inputs: list[tuple[tuple, dict]] | None = None,
     capture: tuple[str, ...] = (),
     speculating: bool = False,
+    stage: Any = None,
 ) -> Trace:
     """Compile ``fn`` with a counting backend, call it, and collect every break.
 
     ``speculating``: call it as ``graphmend.compile`` calls a mending with
     [Speculate] sites (``runtime.call``), so their guesses are measured.
+    ``stage``: the backend ``graphmend.compile`` compiles with, recording
+    (``rewrite/fallback.FallbackBackend.recording``): the trace is made through
+    it, with its ``dynamic``, and Dynamo's cache keeps what it traced for the
+    first call to compile (reset at the end when the trace failed, or a graph
+    could not be staged).
 
     ``inputs`` (a list of ``(args, kwargs)``) overrides ``args``/``kwargs`` and
     ``calls``: each entry is one call, so inputs that take different branches
@@ -418,11 +440,14 @@ def trace_breaks(
     calls_list = inputs if inputs is not None else [(args, kwargs)] * max(1, calls)
     trace = Trace()
 
-    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    def record(gm: torch.fx.GraphModule) -> None:
         cid = torch._guards.CompileContext.current_compile_id()
         trace.graphs.append(
             GraphInfo(str(cid) if cid is not None else None, _op_count(gm), _captured_asserts(gm), _scalar_asserts(gm))
         )
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        record(gm)
         return gm.forward
 
     entry = entry_of(fn)
@@ -433,11 +458,22 @@ def trace_breaks(
     torch._dynamo.reset()
     start = time.perf_counter()
     grad_ctx = torch.enable_grad if grad else torch.no_grad
+    count_trace()
+    kept = False
     try:
         # Under the regions' lock: the capture flags and the break log are process-wide,
         # and graphmend.compile's calls in other threads must neither see nor change them.
-        with runtime.exclusive(), _graph_break_log() as collected, _quiet_dynamo(), patched(capture):
-            compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(runtime.exclusive())
+            collected = stack.enter_context(_graph_break_log())
+            stack.enter_context(_quiet_dynamo())
+            stack.enter_context(patched(capture))
+            recording = None
+            if stage is not None:
+                recording = stack.enter_context(stage.recording(record))
+                compiled = torch.compile(fn, backend=stage, dynamic=stage.dynamic)
+            else:
+                compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)
             for a, k in calls_list:
                 before = len(trace.graphs)
                 # Inside a deferral region, as graphmend.compile calls it, so a
@@ -449,9 +485,11 @@ def trace_breaks(
                         with runtime.region():
                             compiled(*a, **k)
                 trace.graphs_per_call.append(len(trace.graphs) - before)
+        kept = recording is not None and recording.complete  # else a graph ran as captured: not for the first call
     finally:
         trace.seconds = time.perf_counter() - start
-        torch._dynamo.reset()
+        if not kept:
+            torch._dynamo.reset()
     frames = counters["frames"]
     total = frames.get("total", 0) - frames_before.get("total", 0)
     ok = frames.get("ok", 0) - frames_before.get("ok", 0)
@@ -486,9 +524,11 @@ __all__ = [
     "Frame",
     "GraphInfo",
     "Trace",
+    "count_trace",
     "entry_of",
     "innermost_user_frame",
     "is_library_internal",
     "parse_event",
+    "tally",
     "trace_breaks",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from graphmend.analysis import memo
 from graphmend.analysis.asserts import held_asserts
 from graphmend.analysis.source import EFFECTS, is_runtime_call, statement_in
 from graphmend.check.find import find_in_source
@@ -63,7 +64,13 @@ def apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ..
 
     ``session.observed``: every frame chain seen so far, to complete the chains
     of breaks reported from a frame compiled on its own (chains.py). ``only``:
-    offer every site to that rule instead of the one its category names."""
+    offer every site to that rule instead of the one its category names. What
+    the rules ask of the source and the model is worked out once (analysis/memo.py)."""
+    with memo.once():
+        return _apply_round(session, sites, enabled, only)
+
+
+def _apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, ...], only: str | None) -> int:
     model, outcomes, mending = session.target.model, session.outcomes, session.mending
     rules = load_rules()
     entries = entry_keys(model)

@@ -32,6 +32,7 @@ from graphmend import runtime
 from graphmend.analysis import source
 from graphmend.analysis.callers import shared_entry_in_calls, shared_update_in_callers
 from graphmend.analysis.facts import FunctionFacts
+from graphmend.analysis.memo import recall
 from graphmend.analysis.shared import SharedUpdates, callees_from, new_from_layers
 from graphmend.analysis.source import (
     RUNTIME_NAME,
@@ -222,7 +223,9 @@ def rewrite(located: Located, sites: list[SiteRewrite], model: Any = None) -> Fu
     """Apply each site's rule to its statement in ``located.node`` (in place)."""
     ctx = RewriteContext.for_function(located.node, located.namespace, located.filename, model)
     # A break between a read and an in-place update of tensors that may share storage stays (shared.SharedUpdates).
-    new_result, callees = new_from_layers(ctx.attribute_values), callees_from(ctx.attribute_values)
+    model_key = ("layers of", id(model))  # one pair per round: callers' judgements are recalled by them
+    new_result = recall(model_key + ("new",), lambda: new_from_layers(ctx.attribute_values), model)
+    callees = recall(model_key + ("callees",), lambda: callees_from(ctx.attribute_values), model)
     facts = FunctionFacts.of(located.node, located.namespace, ctx.local_names)
     shared = SharedUpdates(located.node, facts, new_result, callees)
     placed: list[tuple[SiteRewrite, list[ast.stmt]]] = []

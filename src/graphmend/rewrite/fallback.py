@@ -25,13 +25,30 @@ Exceptions Dynamo turns into its own control flow (a graph break, a restart,
 a skipped frame, an ``IndexError`` it shows as the user's) pass through.
 ``graphmend.with_fallback(backend)`` gives the same backend to a user who
 mends with ``graphmend.mend`` and calls ``torch.compile`` themselves.
+
+**Staged graphs.** Mending traces the model under Dynamo to see its breaks;
+the last of those traces, of the code as finally installed, is the trace
+``torch.compile`` would make on the first call. Made through this backend
+(``recording``), its graphs are recorded and run as captured while mending
+goes on, and Dynamo keeps them in its cache: the first call then finds them,
+and each graph is compiled by the backend on its first run (``Staged``),
+inside the tracing context and the global state (grad mode, autocast) Dynamo
+compiled it in, so the backend sees what it would have seen during the
+trace. A graph whose inputs have symbolic sizes, or that takes one tensor
+twice, is compiled at once instead: the backend's compile then adds guards
+(shape guards, AOTAutograd's duplicate-input guards) that Dynamo installs
+when it returns. A mend whose last trace is not of the final code (a rewrite
+was taken back after it) resets Dynamo's cache instead (pipeline.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -72,6 +89,10 @@ class FallbackBackend:
             self.backend, "__name__", type(self.backend).__name__
         )
         self.failures: list[tuple[str, str]] = []
+        self._on_graph: Callable[[torch.fx.GraphModule], None] | None = None  # while graphmend traces: ``recording``
+        self._recording: Recording | None = None
+        self.staged_seconds = 0.0  # spent compiling staged graphs (outside Dynamo's compile, which times its own)
+        self.compile_ahead = True  # ``recording(now=True)`` compiles a graph that cannot wait (a call follows)
         self._compilers: dict[str, Callable[[Any, Any], Any]] = {}
         self._preset: dict[str, Any] = {}  # what torch.compile passes a backend: mode / options when set
         if mode and mode != "default":
@@ -89,7 +110,22 @@ class FallbackBackend:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (``torch.save`` of a compiled model) without the built compilers:
         they are closures, rebuilt on the first graph after loading."""
-        return {**self.__dict__, "_compilers": {}}
+        return {**self.__dict__, "_compilers": {}, "_on_graph": None, "_recording": None}
+
+    @contextlib.contextmanager
+    def recording(self, on_graph: Callable[[torch.fx.GraphModule], None], now: bool = False) -> Iterator["Recording"]:
+        """graphmend's own trace through this backend: each graph goes to ``on_graph``
+        and runs as captured; its compile waits for its first run after the block
+        (see the module doc). A graph that cannot wait (``_stageable``) is compiled
+        at once with ``now`` (a trace likely to be the last), still run as captured
+        until the block ends; else it makes the recording incomplete: what Dynamo
+        cached for it must not be kept."""
+        recording = Recording(now)
+        self._on_graph, self._recording = on_graph, recording
+        try:
+            yield recording
+        finally:
+            self._on_graph, self._recording = None, None
 
     def _compiler(self, kwargs: dict[str, Any]) -> Callable[[Any, Any], Any]:
         """What ``torch.compile(backend=self.backend, mode=..., options=...)`` would call."""
@@ -106,6 +142,19 @@ class FallbackBackend:
         return self._compilers[key]
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        if self._on_graph is not None:
+            self._on_graph(gm)
+            if _stageable(example_inputs):
+                return Staged(self, gm, example_inputs, kwargs)
+            if self._recording is not None and self._recording.now and self.compile_ahead:  # in Dynamo's context
+                return Staged(self, gm, example_inputs, kwargs, self.compile(gm, example_inputs, **kwargs))
+            if self._recording is not None:
+                self._recording.complete = False  # runs as captured: this trace's cache is not kept
+            return gm.forward
+        return self.compile(gm, example_inputs, **kwargs)
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        """The backend's compile of ``gm``; ``gm`` as captured where it raises."""
         compiler = self._compiler({**self._preset, **kwargs})
         try:
             with warnings.catch_warnings():
@@ -131,6 +180,97 @@ class FallbackBackend:
         for compiler in self._compilers.values():
             if hasattr(compiler, "reset"):
                 compiler.reset()
+
+
+class Recording:
+    """One trace through ``FallbackBackend.recording``: ``complete`` while every graph
+    it made is ``Staged`` (its cache can stay for the first call); ``now``: a graph
+    that cannot wait is compiled at once."""
+
+    def __init__(self, now: bool = False) -> None:
+        self.complete, self.now = True, now
+
+
+class Staged:
+    """A graph Dynamo traced while graphmend recorded (``FallbackBackend.recording``):
+    run as captured while the recording lasts, then compiled by the backend on its
+    first run, in the context it was traced in."""
+
+    def __init__(
+        self, backend: FallbackBackend, gm: torch.fx.GraphModule, example_inputs: Any, kwargs: dict,
+        compiled: Callable[..., Any] | None = None,
+    ) -> None:
+        self.backend, self.gm, self.compiled, self.lock = backend, gm, compiled, threading.Lock()
+        waits = compiled is None  # else compiled already: only the graph as captured is kept, for the recording
+        self.example_inputs, self.kwargs = (list(example_inputs), kwargs) if waits else ([], {})
+        self.tracing = torch._guards.TracingContext.try_get() if waits else None
+        self.compiling = torch._guards.CompileContext.try_get() if waits else None
+
+    def __call__(self, *args: Any) -> Any:
+        gm = self.gm
+        if self.backend._on_graph is not None and gm is not None:  # graphmend's trace goes on: as captured
+            return gm.forward(*args)
+        compiled = self.compiled if self.compiled is not None else self._compile()
+        self.gm = None  # (compiled: the graph as captured is not needed again)
+        return compiled(*args)  # as Dynamo calls what a backend returns
+
+    def _compile(self) -> Callable[..., Any]:
+        with self.lock:
+            if self.compiled is None:
+                with contextlib.ExitStack() as stack:
+                    if self.compiling is not None:
+                        stack.enter_context(torch._guards.compile_context(self.compiling))
+                    if self.tracing is not None:
+                        stack.enter_context(torch._guards.tracing(self.tracing))
+                        stack.enter_context(_global_state_of(self.tracing))
+                    began = time.perf_counter()
+                    self.compiled = self.backend.compile(self.gm, self.example_inputs, **self.kwargs)
+                    self.backend.staged_seconds += time.perf_counter() - began
+                self.gm, self.example_inputs, self.tracing, self.compiling = None, [], None, None  # type: ignore[assignment]
+        return self.compiled
+
+
+# What Dynamo saves of the global state when it starts a trace (OutputGraph.save_global_state)
+# and restores around the backend's compile, with how to read each now.
+_GLOBAL_STATE: dict[str, Callable[[Any], Any]] = {
+    "grad_enabled": lambda setter: torch.is_grad_enabled(),
+    "autocast_enabled": lambda setter: torch.is_autocast_enabled(setter.args[0]),
+    "autocast_cpu_enabled": lambda setter: torch.is_autocast_enabled("cpu"),
+    "autocast_gpu_dtype": lambda setter: torch.get_autocast_dtype(setter.args[0]),
+    "autocast_cpu_dtype": lambda setter: torch.get_autocast_dtype("cpu"),
+    "autocast_cache_enabled": lambda setter: torch.is_autocast_cache_enabled(),
+}
+
+
+def _stageable(example_inputs: Any) -> bool:
+    """Whether a graph's compile can wait for its first run: the global state Dynamo
+    saves is one this module can put back, the trace made no symbol (a symbolic
+    size, a captured scalar) and no tensor comes twice (the backend's compile would
+    add guards for either)."""
+    context = torch._guards.TracingContext.try_get()
+    state = getattr(getattr(context, "global_context", None), "global_state", None)
+    if context is None or state is None or not set(state) <= set(_GLOBAL_STATE):
+        return False
+    shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+    if shape_env is not None and getattr(shape_env, "var_to_range", None) != {}:
+        return False  # a symbol, or a shape env this module cannot read
+    tensors = [id(v) for v in example_inputs if isinstance(v, torch.Tensor)]
+    plain = all(isinstance(v, (torch.Tensor, int, float, bool)) or v is None for v in example_inputs)
+    return plain and len(tensors) == len(set(tensors))
+
+
+@contextlib.contextmanager
+def _global_state_of(context: Any) -> Iterator[None]:
+    """The global state Dynamo compiled in (``OutputGraph.restore_global_state``), for the block."""
+    saved = context.global_context.global_state
+    now = {key: (setter, _GLOBAL_STATE[key](setter)) for key, (setter, _) in saved.items()}
+    try:
+        for setter, value in saved.values():
+            setter(value)
+        yield
+    finally:
+        for setter, value in now.values():
+            setter(value)
 
 
 def _graph_origin(gm: torch.fx.GraphModule) -> str:

@@ -10,7 +10,8 @@ outcome, and the measurements so far. Two ways back, and only two:
   applied sites become ``reverted`` with the reason the user reads.
 
 The measures (``trial``, ``retrace``, ``worse``) trace a private copy of the
-target, so a pass never runs the user's model itself.
+target (sharing its parameters: discover/weights.py), so a pass never runs
+the user's model itself.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from graphmend.discover.capture import Capture, Trial
 from graphmend.discover.explain import ExplainReport, report_from_trace
 from graphmend.discover.sites import BreakSite, display_path
 from graphmend.discover.trace import trace_breaks
+from graphmend.discover.weights import ParameterWritten, private
 from graphmend.errors import describe
-from graphmend.models.targets import Target, private_copy
+from graphmend.models.targets import Target
 from graphmend.rewrite import engine
 from graphmend.rewrite.verify import Observation, compare, observe, quiet
 
@@ -118,6 +120,7 @@ class Mending:
         self.target: Target | None = None  # what was mended, with its example inputs
         self.report: Any = None  # the MendReport, set by the API that made it
         self.groups: dict[int, list[Key]] = {}  # patch index -> the sites it applies
+        self.touched: dict[int, Any] = {}  # id -> every function a patch was installed in (``Session.state``)
 
     @contextlib.contextmanager
     def original_code(self) -> Any:
@@ -144,6 +147,7 @@ class Mending:
     def add(self, patch: engine.Patch, keys: list[Key]) -> None:
         """Install ``patch`` for the sites ``keys``; a later round's patch of the
         same function takes its earlier one's place and adds to its sites."""
+        self.touched.update((id(fn), fn) for fn in patch.located.functions)
         previous = patch.located.previous
         if previous is not None:
             index = self.patches.index(previous)
@@ -189,7 +193,10 @@ class Session:
     differences: list[str] = field(default_factory=list)
     verified: bool | None = None  # None: verification off
     started: float = field(default_factory=time.perf_counter)
+    stage: Any = None  # graphmend.compile's backend: traces go through it, recording (rewrite/fallback.py)
+    staged: tuple | None = None  # ``state()`` as the last trace through ``stage`` saw it; None: none kept
     pass_seconds: dict[str, float] = field(default_factory=dict)  # each pass's wall time (pipeline.mend_target)
+    pass_traces: dict[str, tuple[int, int]] = field(default_factory=dict)  # each pass's (model calls, frames) under Dynamo
 
     @property
     def groups(self) -> dict[int, list[Key]]:
@@ -200,9 +207,17 @@ class Session:
     def observe(self, in_region: bool, compiled: tuple[str, ...] | None = None) -> Observation:
         """One eager run of the target as installed: the original's behaviour
         when nothing is (``in_region=False``), the mended one's in a region;
-        with ``compiled``, through torch.compile with those capture flags."""
+        with ``compiled``, through torch.compile with those capture flags (through
+        ``stage`` when there is one: that run's trace can be the compile's)."""
         t = self.target
-        return observe(t.model, t.args, t.kwargs, in_region=in_region, grad=self.grad, compiled=compiled)
+        if compiled is None:
+            return observe(t.model, t.args, t.kwargs, in_region=in_region, grad=self.grad)
+        self.staged = None
+        backend = self.stage if self.stage is not None else "eager"
+        found = observe(t.model, t.args, t.kwargs, in_region=in_region, grad=self.grad, compiled=compiled, backend=backend)
+        if found.staged:
+            self.staged = self.state(compiled)
+        return found
 
     def differences_from(self, baseline: Observation, compiled: tuple[str, ...] | None = None) -> list[str]:
         """What the installed code does differently from ``baseline``; with
@@ -210,14 +225,36 @@ class Session:
         return compare(baseline, self.observe(in_region=True, compiled=compiled), memo_attrs=self.mending.memo_attrs)
 
     def trial(self, flags: tuple[str, ...] = ()) -> Trial:
-        return trial(self.target, self.grad, flags)
+        self.staged = None
+        found = trial(self.target, self.grad, flags, self.stage)
+        if self.stage is not None and found.report is not None:
+            self.staged = self.state(flags)
+        return found
 
     def retrace(self, flags: tuple[str, ...] = ()) -> ExplainReport:
         """The breaks of the code as installed, traced with capture ``flags``."""
-        found = trial(self.target, self.grad, flags)
+        found = self.trial(flags)
         if found.report is None:  # only with flags: a tracing error is recorded, not raised
             raise RuntimeError(found.error)
         return found.report
+
+    def state(self, flags: tuple[str, ...]) -> tuple:
+        """What a trace's graphs depend on beyond Dynamo's guards: the code of every
+        function a patch was ever installed in (Dynamo guards an inlined function by
+        identity, not its ``__code__``), the capture flags, speculation, the grad mode."""
+        codes = tuple((fn, fn.__code__) for _, fn in sorted(self.mending.touched.items()))
+        return (codes, tuple(flags), self.target.speculating, self.grad)
+
+    def keeps_staged(self) -> bool:
+        """Whether Dynamo's cache holds the last trace through ``stage`` of the code as
+        installed now, with the kept capture flags (the first call then compiles it);
+        else the cache is reset, and the first call traces again."""
+        same = self.staged is not None and _same_state(self.staged, self.state(self.capture.flags))
+        if self.stage is not None and not same:
+            torch._dynamo.reset()
+        if not (same and _cached(self.target.model)):  # (a reset since, with no trace after it: nothing kept)
+            self.staged = None
+        return self.staged is not None
 
     # -- the ways back -----------------------------------------------------
 
@@ -306,28 +343,46 @@ class Checkpoint:
 def run_copy(target: Target, grad: bool) -> Target | None:
     """One eager call of a private copy of ``target`` in a region, its output
     captured: the copy as the call left it, or None when the call raised."""
-    subject = private_copy(target)
-    try:
-        with quiet(), runtime.region(), (torch.enable_grad() if grad else torch.no_grad()):
-            subject.model(*subject.args, **subject.kwargs)
-    except Exception:
-        return None
+    with private(target) as subject:
+        try:
+            with quiet(), runtime.region(), (torch.enable_grad() if grad else torch.no_grad()):
+                subject.model(*subject.args, **subject.kwargs)
+        except Exception:
+            return None
     return subject
 
 
-def trial(target: Target, grad: bool, flags: tuple[str, ...]) -> Trial:
-    """Trace a private copy with ``flags`` on; a tracing error is recorded, not raised."""
-    subject = private_copy(target)
+def _cached(model: Any) -> bool:
+    """Whether Dynamo's cache holds an entry for the code ``model`` starts in."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    return code is not None and entries is not None and bool(entries(code))
+
+
+def _same_state(a: tuple, b: tuple) -> bool:
+    (codes_a, *rest_a), (codes_b, *rest_b) = a, b
+    return rest_a == rest_b and len(codes_a) == len(codes_b) and all(
+        fa is fb and ca is cb for (fa, ca), (fb, cb) in zip(codes_a, codes_b)
+    )
+
+
+def trial(target: Target, grad: bool, flags: tuple[str, ...], stage: Any = None) -> Trial:
+    """Trace a private copy with ``flags`` on; a tracing error is recorded, not raised.
+    ``stage``: through graphmend.compile's backend, recording (trace.trace_breaks)."""
     try:
-        trace = trace_breaks(
-            subject.model, subject.args, subject.kwargs, grad=grad, capture=flags,
-            speculating=target.speculating,
-        )
+        with private(target) as subject:
+            trace = trace_breaks(
+                subject.model, subject.args, subject.kwargs, grad=grad, capture=flags,
+                speculating=target.speculating, stage=stage,
+            )
+    except ParameterWritten:
+        raise
     except Exception as exc:
         if not flags:
             raise
         return Trial(flags, error=describe(exc))
-    report = report_from_trace(target.name, trace)
+    report = report_from_trace(target.name, trace, stage.dynamic if stage is not None else False)
     return Trial(flags, report.graphs, report.recompiles, trace.frames_skipped, report=report)
 
 

@@ -28,7 +28,10 @@ import torch
 
 from graphmend import runtime
 from graphmend.discover.capture import patched
+from graphmend.discover.trace import count_trace
 from graphmend.discover.isolation import captured, random_state_kept, seed_everything
+from graphmend.discover.weights import private
+from graphmend.models.targets import Target
 
 _ONCE_METHODS = ("warning_once", "info_once")
 # Attributes torch.compile itself sets on a module: not the model's state.
@@ -51,6 +54,7 @@ class Observation:
     stderr: str = ""
     records: list[tuple] = field(default_factory=list)
     warnings: list[tuple] = field(default_factory=list)
+    staged: bool = False  # a compiled run through a recording backend, its trace kept in Dynamo's cache
 
 
 @contextlib.contextmanager
@@ -110,11 +114,16 @@ def _detach(value: Any) -> Any:
     return value
 
 
-def module_state(model: Any) -> dict[str, Any]:
-    """Parameters, buffers and plain attributes of every submodule."""
+def module_state(model: Any, held: Callable[[torch.Tensor], bool] = lambda t: False) -> dict[str, Any]:
+    """Parameters, buffers and plain attributes of every submodule, each tensor
+    copied except where ``held`` says it keeps its values (a parameter shared
+    with the user's model that the run did not write: discover/weights.py)."""
     if not isinstance(model, torch.nn.Module):
         return {}
-    state: dict[str, Any] = {f"tensor:{k}": v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    state: dict[str, Any] = {
+        f"tensor:{k}": v.detach() if held(v) else v.detach().clone()
+        for k, v in model.state_dict(keep_vars=True).items()
+    }
     for name, module in model.named_modules():
         for key, value in vars(module).items():
             if key in ("_parameters", "_buffers", "_modules") or key in _TORCH_ATTRS or "hook" in key:
@@ -150,18 +159,31 @@ def observe(
     as it will run. ``speculating``: in a speculating call (``runtime.call``),
     as ``graphmend.compile`` calls a model with [Speculate] sites.
     Warnings the compiler itself issues (from Dynamo, Inductor, FX, ...) are
-    left out of that observation: torch.compile's, not the model's."""
+    left out of that observation: torch.compile's, not the model's. A
+    ``backend`` that records (graphmend.compile's, rewrite/fallback.py) runs
+    each graph as captured, and what Dynamo traced stays in its cache for the
+    first call (``obs.staged``) unless a graph could not be staged."""
     obs = Observation()
-    subject = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
-    called = subject
-    if compiled is not None:
-        torch._dynamo.reset()
-        called, in_region = torch.compile(subject, backend=backend), True
-    call_args = copy.deepcopy(args)
-    call_kwargs = copy.deepcopy(kwargs)
-    region: Callable[[], Any] = runtime.region if in_region else contextlib.nullcontext
+    recording = None
+    region: Callable[[], Any] = runtime.region if in_region or compiled is not None else contextlib.nullcontext
     grad_ctx = torch.enable_grad if grad else torch.no_grad
     with contextlib.ExitStack() as stack:
+        held: Callable[[torch.Tensor], bool] = lambda t: False
+        if copy_model:  # a copy sharing the parameters (discover/weights.py), and copied inputs
+            own = stack.enter_context(private(Target("the model", model, args, kwargs)))
+            subject, call_args, call_kwargs = own.model, own.args, own.kwargs
+            held = getattr(own, "untouched", held)
+        else:
+            subject, call_args, call_kwargs = model, copy.deepcopy(args), copy.deepcopy(kwargs)
+        called = subject
+        if compiled is not None:
+            torch._dynamo.reset()
+            if hasattr(backend, "recording"):
+                recording = stack.enter_context(backend.recording(lambda gm: None, now=True))
+                called = torch.compile(subject, backend=backend, dynamic=backend.dynamic)
+            else:
+                called = torch.compile(subject, backend=backend)
+            count_trace()
         stack.enter_context(random_state_kept())
         seed_everything(seed)
         effects = stack.enter_context(captured())
@@ -176,12 +198,13 @@ def observe(
             obs.output = _detach(result)
         except Exception as exc:  # the exception is part of the behaviour
             obs.exception = (type(exc).__qualname__, str(exc))
+        obs.state = module_state(subject, held)  # before what the run wrote of the shared weights is put back
     obs.stdout, obs.stderr = effects.stdout.getvalue(), effects.stderr.getvalue()
     obs.records, obs.warnings = effects.records, effects.warnings
     if compiled is not None:
         obs.warnings = [w for w in obs.warnings if not _is_compilers(w[2])]
-    obs.state = module_state(subject)
-    if compiled is not None:
+    obs.staged = recording is not None and recording.complete and obs.exception is None
+    if compiled is not None and not obs.staged:
         torch._dynamo.reset()
     return obs
 

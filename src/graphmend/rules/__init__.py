@@ -28,6 +28,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from graphmend.analysis.memo import recall
 from graphmend.analysis.source import RUNTIME_NAME, bound_names
 
 
@@ -37,6 +38,22 @@ class Decline(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def _attribute_values(modules: Any, attr: str) -> list[Any]:
+    """Distinct values of ``<module>.<attr>`` over ``modules``."""
+    values: list[Any] = []
+    for module in modules:
+        value = None
+        for store in ("_modules", "_parameters", "_buffers"):
+            value = module.__dict__.get(store, {}).get(attr)
+            if value is not None:
+                break
+        if value is None:
+            value = module.__dict__.get(attr, getattr(type(module), attr, None))
+        if value is not None and not any(value is v for v in values):
+            values.append(value)
+    return values
 
 
 @dataclass
@@ -75,23 +92,16 @@ class RewriteContext:
 
     def attribute_values(self, attr: str, modules: Any = None) -> list[Any]:
         """Distinct values of ``<module>.<attr>`` over the live target's modules
-        (or over ``modules``, a subset of them)."""
+        (or over ``modules``, a subset of them); once per round (analysis/memo.py)."""
         import torch
 
         if not isinstance(self.model, torch.nn.Module):
             return []
-        values: list[Any] = []
-        for module in self.model.modules() if modules is None else modules:
-            value = None
-            for store in ("_modules", "_parameters", "_buffers"):
-                value = module.__dict__.get(store, {}).get(attr)
-                if value is not None:
-                    break
-            if value is None:
-                value = module.__dict__.get(attr, getattr(type(module), attr, None))
-            if value is not None and not any(value is v for v in values):
-                values.append(value)
-        return values
+        if modules is None:
+            model = self.model
+            return recall(("attribute_values", id(model), attr), lambda: _attribute_values(model.modules(), attr), model)
+        return _attribute_values(modules, attr)
+
 
     @classmethod
     def for_function(

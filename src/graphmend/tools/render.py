@@ -144,6 +144,7 @@ def mend_summary(report: "MendReport") -> str:
         f"{report.target}{mode}: graphs {before.graphs} -> {after.graphs}, breaks {before.breaks} -> {after.breaks} "
         f"({removed} removed), ops captured {before.calls_captured} -> {after.calls_captured}{fallbacks} | "
         f"{len(report.applied)} applied, {len(report.declined)} not | {verified} | {report.seconds:.1f} s"
+        + ("" if report.from_cache else f", {plural(report.traces, 'trace')}")
     )
 
 
@@ -296,11 +297,19 @@ def render_suite(report: "SuiteReport", console: Console | None = None) -> None:
     )
 
 
+def _first_call(row: dict) -> str:
+    """``plain s -> mended s (ratio)`` of a survey row's first calls."""
+    plain, mended = (row.get("first_call_s") or [None, None])[:2]
+    if not plain or mended is None:
+        return "-"
+    return f"{plain:.1f} -> {mended:.1f} ({mended / plain:.1f}x)"
+
+
 def render_survey(report: "SurveyReport", console: Console | None = None) -> None:
     console = console or terminal()
     table = Table(title=f"graphmend survey: {report.library}" + (" (long)" if report.long else ""),
                   title_justify="left")
-    for name in ("model", "graphs", "breaks", "rules", "capture", "verified", "outputs", "s"):
+    for name in ("model", "graphs", "breaks", "rules", "capture", "verified", "outputs", "first call", "traces", "s"):
         table.add_column(name, justify="left" if name in ("model", "rules", "capture") else "right")
     failed = [r for r in report.rows if not r.get("ok")]
     for r in report.rows:
@@ -310,7 +319,8 @@ def render_survey(report: "SurveyReport", console: Console | None = None) -> Non
                 r["model"], f"{r['graphs_plain']} -> {r['graphs_mended']}",
                 f"{r['breaks_before']} -> {r['breaks_after']}", ", ".join(r["rules"]) or "-",
                 ", ".join(r["capture"]) or "-", ("yes" if r["verified"] else "no") if mended else "-",
-                Text("MISMATCH", style="red") if r["mismatch"] else "identical", f"{r['seconds']:.0f}",
+                Text("MISMATCH", style="red") if r["mismatch"] else "identical", _first_call(r),
+                str(r.get("traces", "-")), f"{r['seconds']:.0f}",
             )
     console.print(table)
     for r in failed:  # a model that does not build or run eagerly is not graphmend's result
@@ -320,4 +330,5 @@ def render_survey(report: "SurveyReport", console: Console | None = None) -> Non
         f"totals: {t['models']} models ({t['models_failed']} failed, {t['models_breaking']} breaking); graphs "
         f"{t['graphs_plain']} -> {t['graphs_mended']}; breaks {t['breaks_before']} -> {t['breaks_after']} "
         f"({t['fix_rate']}% eliminated); {t['verified']} verified; {t['mismatches']} mismatches; "
-        f"{t['worse']} worse; {report.seconds:.0f} s", style="bold"), soft_wrap=True)
+        f"{t['worse']} worse; first call at most {t['first_call_ratio_max']}x plain's; {report.seconds:.0f} s",
+        style="bold"), soft_wrap=True)

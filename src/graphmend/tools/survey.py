@@ -11,7 +11,13 @@ fresh process with a timeout and is measured the way a user meets it:
   gives breaks before and after, ``calls_captured``, recompiles, fallbacks,
   the rules that applied and whether the mend was verified;
 * ``mismatch``: whether either compiled call's output differs, bit for bit,
-  from eager.
+  from eager;
+* ``first_call_s``: the first call of each, plain and ``graphmend.compile``
+  (mending included, by the same counting backend, so Dynamo's tracing and
+  graphmend's mending), the plain one measured again after the mended one
+  and the faster of its two kept (the first call of a process warms caches
+  the second finds); ``traces``, the calls of the model the mend made under
+  Dynamo, and ``mend_passes``, each pass's seconds, traces and frames traced.
 
 Libraries (``LIBRARIES``) have a CI-sized subset and a long mode (every
 model the installed release offers). ``--json PATH`` writes the rows and the
@@ -85,6 +91,7 @@ class SurveyReport:
             "models_breaking": sum(1 for r in ok if r["graphs_plain"] > 1),
             "graphs_plain": sum(r["graphs_plain"] for r in ok),
             "graphs_mended": sum(r["graphs_mended"] for r in ok),
+            "first_call_ratio_max": max((_ratio(r) for r in ok if _ratio(r) is not None), default=None),
             "breaks_before": before,
             "breaks_after": after,
             "fix_rate": round(100 * (before - after) / before, 1) if before else None,
@@ -97,6 +104,12 @@ class SurveyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": 1, "library": self.library, "long": self.long, "seconds": round(self.seconds, 1),
                 "rows": self.rows, "totals": self.totals()}
+
+
+def _ratio(row: dict[str, Any]) -> float | None:
+    """graphmend.compile's first call over plain torch.compile's (mending included)."""
+    plain, mended = (row.get("first_call_s") or [None, None])[:2]
+    return round(mended / plain, 2) if plain and mended is not None else None
 
 
 def models_of(library: str, long: bool) -> list[str]:
@@ -161,16 +174,24 @@ def model_result(name: str) -> dict[str, Any]:
 
         return graphs, backend
 
-    torch._dynamo.reset()
-    graphs, backend = counting()
-    plain_out = _call(torch.compile(copy.deepcopy(target.model), backend=backend), target)
-    plain = len(graphs)
+    def plain_call() -> tuple[Any, int, float]:
+        torch._dynamo.reset()
+        graphs, backend = counting()
+        began = time.perf_counter()
+        out = _call(torch.compile(copy.deepcopy(target.model), backend=backend), target)
+        return out, len(graphs), time.perf_counter() - began
+
+    plain_out, plain, plain_s = plain_call()
     torch._dynamo.reset()
     graphs, backend = counting()
     compiled = mend_and_compile(target.model, backend=backend, cache=False)  # measured: mended here, not installed
+    began = time.perf_counter()
     mended_out = _call(compiled, target)
+    mended_s = time.perf_counter() - began
     mended = len(graphs)
     report = compiled.report
+    plain_s = min(plain_s, plain_call()[2])
+    torch._dynamo.reset()
     before, after = report.before, report.after
     return {
         "model": name,
@@ -188,6 +209,10 @@ def model_result(name: str) -> dict[str, Any]:
         "capture": list(report.capture.flags),
         "verified": bool(report.verified),
         "mismatch": _sha(tensors_in(plain_out)) != reference or _sha(tensors_in(mended_out)) != reference,
+        "first_call_s": [round(plain_s, 3), round(mended_s, 3)],
+        "traces": report.traces,
+        "frames_traced": report.frames_traced,
+        "mend_passes": report.mend_passes,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
