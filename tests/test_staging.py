@@ -195,3 +195,33 @@ def test_options_that_shape_the_trace_turn_staging_off():
     assert _stage_of(compile_kwargs({"backend": "eager", "dynamic": True})) is None
     assert _stage_of(compile_kwargs({"backend": "eager", "fullgraph": True})) is None
     assert _stage_of(compile_kwargs({"backend": "eager", "options": {"guard_filter_fn": lambda g: g}})) is None
+
+
+class Unfixable(torch.nn.Module):
+    """One break no rule addresses: nothing is rewritten."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return h.tanh()
+
+
+def test_with_nothing_rewritten_discoverys_trace_is_the_compiles():
+    model = Unfixable()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    before = _frames()
+    with torch.no_grad():
+        out = compiled(x)
+    report = compiled.report
+    assert not report.applied and report.before.graphs == report.after.graphs == 2
+    assert report.staged and report.traces == 1 and _frames() - before == report.frames_traced
+    assert len(backend.graphs) == 2
+    with torch.no_grad():
+        assert bits_equal(out, Unfixable()(x))

@@ -26,7 +26,7 @@ from graphmend.check.find import find_in_source
 from graphmend.discover.chains import complete_all, entry_keys
 from graphmend.discover.sites import BreakSite
 from graphmend.discover.trace import is_model_code
-from graphmend.passes import barriers
+from graphmend.passes import barriers, memos
 from graphmend.rewrite import engine
 from graphmend.rewrite.session import Key, Session, SiteOutcome, Status, key, outcome
 from graphmend.rules import Decline, Rule, load_rules
@@ -45,6 +45,9 @@ def rounds(session: Session, rules: tuple[str, ...], flags: tuple[str, ...] = ()
         session.observed += chains_seen(session.current.sites)
         if apply_round(session, pending, rules) == 0:
             break
+        # Memos the round's rewrites hoisted, set now (passes/memos.py): the trace then sees the
+        # model as the first call will, so its graphs can be that call's (rewrite/fallback.py).
+        memos.fill(session.target, session.mending.memo_attrs, session.grad)
         try:
             session.current = session.retrace(flags)
         except Exception as exc:  # the mended code does not compile: undo this round
@@ -142,7 +145,8 @@ def _apply_round(session: Session, sites: list[BreakSite], enabled: tuple[str, .
                 rw.notes,
             )
             applied += 1
-    torch._dynamo.reset()
+    if applied:  # new code: what Dynamo traced of the old is stale (with none, a staged trace stays)
+        torch._dynamo.reset()
     return applied
 
 

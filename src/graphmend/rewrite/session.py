@@ -252,7 +252,7 @@ class Session:
         same = self.staged is not None and _same_state(self.staged, self.state(self.capture.flags))
         if self.stage is not None and not same:
             torch._dynamo.reset()
-        if not (same and _cached(self.target.model)):  # (a reset since, with no trace after it: nothing kept)
+        if not (same and _cached()):  # (a reset since, with no trace after it: nothing kept)
             self.staged = None
         return self.staged is not None
 
@@ -352,12 +352,11 @@ def run_copy(target: Target, grad: bool) -> Target | None:
     return subject
 
 
-def _cached(model: Any) -> bool:
-    """Whether Dynamo's cache holds an entry for the code ``model`` starts in."""
-    fn = model.forward if isinstance(model, torch.nn.Module) else model
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
-    return code is not None and entries is not None and bool(entries(code))
+def _cached() -> bool:
+    """Whether Dynamo's cache holds code a trace made (``torch._dynamo.reset`` empties
+    it): with no trace since the last staged one, that trace's."""
+    made = getattr(getattr(torch._dynamo.convert_frame, "output_codes", None), "seen_ids", None)
+    return bool(made)
 
 
 def _same_state(a: tuple, b: tuple) -> bool:
