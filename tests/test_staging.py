@@ -225,3 +225,50 @@ def test_with_nothing_rewritten_discoverys_trace_is_the_compiles():
     assert len(backend.graphs) == 2
     with torch.no_grad():
         assert bits_equal(out, Unfixable()(x))
+
+
+class Tied(torch.nn.Module):
+    """An embedding and an output layer sharing one weight (Dynamo passes the
+    tensor twice; AOTAutograd compiles it once and guards that both stay one)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 4)
+        self.out = torch.nn.Linear(4, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        print("h", h.sum())
+        return self.out(h.tanh())
+
+
+def test_tied_weights_staged_under_aot_autograd_and_untied_later_match_eager():
+    """Dynamo passes the tied weight once and guards it: untied, the frame is traced again."""
+    model, eager_model = Tied(), Tied()
+    compiled = graphmend.compile(model, backend="aot_eager")
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert bits_equal(compiled(ids), eager_model(ids)) and compiled.report.staged
+        for m in (model, eager_model):  # untied: the guard AOTAutograd added would fail; the graph checks itself
+            m.out.weight = torch.nn.Parameter(m.embed.weight.detach() * 2)
+        assert bits_equal(compiled(ids), eager_model(ids))
+
+
+def test_a_staged_graph_whose_compile_guarded_the_inputs_aliasing_checks_it_on_each_call():
+    """AOTAutograd adds guards on how inputs alias while it compiles; a staged graph is
+    compiled after Dynamo installed its guards, so it checks the aliasing itself and runs
+    as captured where it differs (Dynamo guards aliasing too, so this is a second net)."""
+    from graphmend.rewrite.fallback import Staged
+
+    def guarding(gm, example_inputs):
+        torch._guards.TracingContext.get().guards_context.aotautograd_guards.append("inputs alias as at compile")
+        return lambda *args: (gm.forward(*args)[0] + 100,)
+
+    gm = torch.fx.symbolic_trace(lambda a, b: (a + b,))
+    a, b = torch.ones(2), torch.zeros(2)
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode=None)):
+        staged = Staged(FallbackBackend(guarding), gm, [a, b], {})
+    assert torch.equal(staged(a, b)[0], torch.full((2,), 101.0))  # compiled, as example inputs alias
+    assert torch.equal(staged(a, a)[0], torch.full((2,), 2.0))  # aliased otherwise: as captured

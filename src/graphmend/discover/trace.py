@@ -471,6 +471,7 @@ def trace_breaks(
             recording = None
             if stage is not None:
                 recording = stack.enter_context(stage.recording(record))
+                recording.held.append((fn, calls_list))  # kept alive with the graphs (rewrite/fallback.py)
                 compiled = torch.compile(fn, backend=stage, dynamic=stage.dynamic)
             else:
                 compiled = torch.compile(fn, backend=counting_backend, dynamic=dynamic)

@@ -180,6 +180,7 @@ def observe(
             torch._dynamo.reset()
             if hasattr(backend, "recording"):
                 recording = stack.enter_context(backend.recording(lambda gm: None, now=True))
+                recording.held.append((subject, call_args, call_kwargs))  # alive with the graphs (fallback.py)
                 called = torch.compile(subject, backend=backend, dynamic=backend.dynamic)
             else:
                 called = torch.compile(subject, backend=backend)
