@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from graphmend.analysis.source import in_place_argument, in_place_method
+from graphmend.analysis.memo import recall
+from graphmend.analysis.source import as_in_its_file, in_place_argument, in_place_method
 
 # torch.<fn>(...) calls that return tensors, have no side effects and do not
 # raise on well-formed tensor inputs of matching shapes.
@@ -215,7 +216,17 @@ def _used_later(
     fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str, used: Callable[[ast.AST, str], bool]
 ) -> bool:
     """Whether some path from the end of ``stmt`` meets ``used(node, name)`` before
-    ``name`` is assigned (``live_after``, ``updated_later``)."""
+    ``name`` is assigned (``live_after``, ``updated_later``); once per round for a
+    function of a file's own tree (a caller: analysis/memo.py)."""
+    if as_in_its_file(fdef):
+        key = ("used later", id(fdef), id(stmt), name, used.__name__)
+        return recall(key, lambda: _used_later_in(fdef, stmt, name, used), fdef, stmt)
+    return _used_later_in(fdef, stmt, name, used)
+
+
+def _used_later_in(
+    fdef: ast.FunctionDef | ast.AsyncFunctionDef, stmt: ast.stmt, name: str, used: Callable[[ast.AST, str], bool]
+) -> bool:
     if _read_any_time(fdef, name) or path_to(fdef.body, stmt) is None:
         return True
     for around, later in _after(fdef, stmt):

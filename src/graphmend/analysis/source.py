@@ -31,9 +31,8 @@ class ParsedFile:
     def definition(self, name: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         """The ``def`` named ``name`` whose first line (decorators included) is ``line``."""
         if not self._defs:
-            for node in ast.walk(self.tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    self._defs.setdefault((node.name, first_line(node)), node)
+            for node in _defs_of(self.tree):
+                self._defs.setdefault((node.name, first_line(node)), node)
             self._defs.setdefault(None, None)  # filled, even with no def
         return self._defs.get((name, line))
 
@@ -329,9 +328,20 @@ def _defs_of(tree: ast.AST) -> list:
     if found is None or found[0] is not tree:
         found = (tree, [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))])
         _DEFS[id(tree)] = found
+        _FILE_DEFS.update((id(d), d) for d in found[1])
         if len(_DEFS) > 256:
-            _DEFS.popitem(last=False)
+            for d in _DEFS.popitem(last=False)[1][1]:
+                _FILE_DEFS.pop(id(d), None)
     return found[1]
+
+
+_FILE_DEFS: dict[int, ast.AST] = {}  # id -> each def of the trees in _DEFS
+
+
+def as_in_its_file(fdef: ast.AST) -> bool:
+    """Whether ``fdef`` is a definition of a parsed file's tree, which nothing
+    rewrites (rules rewrite copies): answers about it hold while it lives."""
+    return _FILE_DEFS.get(id(fdef)) is fdef
 
 
 def inside_try(fdef: ast.AST, stmt: ast.stmt) -> bool:

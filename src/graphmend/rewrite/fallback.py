@@ -34,12 +34,11 @@ goes on, and Dynamo keeps them in its cache: the first call then finds them,
 and each graph is compiled by the backend on its first run (``Staged``),
 inside the tracing context and the global state (grad mode, autocast) Dynamo
 compiled it in, so the backend sees what it would have seen during the
-trace. A graph whose inputs have symbolic sizes is compiled at once instead:
-the backend's compile adds shape guards that Dynamo installs when it
-returns. The guards AOTAutograd adds on how the inputs alias (a tensor passed
-twice, as tied weights are; views of one storage) come too late for Dynamo
-to install: such a graph checks the aliasing of its inputs on each call and
-runs as captured where it differs. A mend whose last trace is not of the final code (a rewrite
+trace. A graph whose inputs have symbolic sizes, or share storage (a tensor
+and a view of it), is compiled at once instead: the backend's compile then
+adds guards (shape guards, AOTAutograd's aliasing guards) that Dynamo
+installs when it returns. (Tied weights are one input: Dynamo passes a
+tensor once.) A mend whose last trace is not of the final code (a rewrite
 was taken back after it) resets Dynamo's cache instead (pipeline.py).
 """
 
@@ -212,8 +211,6 @@ class Staged:
         self.example_inputs, self.kwargs = (list(example_inputs), kwargs) if waits else ([], {})
         self.tracing = torch._guards.TracingContext.try_get() if waits else None
         self.compiling = torch._guards.CompileContext.try_get() if waits else None
-        self.aliasing = _aliasing(example_inputs) if waits else None
-        self.unguarded: Callable[..., Any] | None = None  # the graph as captured, where the compile's guards would be
 
     def __call__(self, *args: Any) -> Any:
         gm = self.gm
@@ -221,15 +218,11 @@ class Staged:
             return gm.forward(*args)
         compiled = self.compiled if self.compiled is not None else self._compile()
         self.gm = None  # (compiled: the graph as captured is not needed again)
-        if self.unguarded is not None and _aliasing(args) != self.aliasing:
-            return self.unguarded(*args)  # inputs aliased otherwise than when compiled: what its guard would catch
         return compiled(*args)  # as Dynamo calls what a backend returns
 
     def _compile(self) -> Callable[..., Any]:
         with self.lock:
             if self.compiled is None:
-                guards = getattr(getattr(self.tracing, "guards_context", None), "aotautograd_guards", None)
-                made = len(guards) if guards is not None else 0
                 with contextlib.ExitStack() as stack:
                     if self.compiling is not None:
                         stack.enter_context(torch._guards.compile_context(self.compiling))
@@ -239,27 +232,20 @@ class Staged:
                     began = time.perf_counter()
                     self.compiled = self.backend.compile(self.gm, self.example_inputs, **self.kwargs)
                     self.backend.staged_seconds += time.perf_counter() - began
-                if guards is not None and len(guards) > made:
-                    # AOTAutograd guarded the inputs' aliasing (a tensor passed twice, views of one storage);
-                    # Dynamo installed its guards already: this graph checks the aliasing itself on each call.
-                    self.unguarded = self.gm.forward
                 self.gm, self.example_inputs, self.tracing, self.compiling = None, [], None, None  # type: ignore[assignment]
         return self.compiled
 
 
-def _aliasing(values: Any) -> tuple:
-    """For each tensor of ``values``, the first position holding the same tensor and
-    the first sharing its storage: how the inputs alias one another."""
-    same: dict[int, int] = {}
-    shared: dict[Any, int] = {}
-    out = []
-    for index, value in enumerate(values):
-        if not isinstance(value, torch.Tensor):
-            out.append(None)
-            continue
-        storage = _storage_of(value)
-        out.append((same.setdefault(id(value), index), shared.setdefault(storage, index) if storage else index))
-    return tuple(out)
+def _aliased(values: Any) -> bool:
+    """Whether two tensors of ``values`` are one, or share storage."""
+    seen: set[Any] = set()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            key = _storage_of(value) or id(value)
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
 
 
 def _storage_of(t: torch.Tensor) -> int | None:
@@ -283,9 +269,10 @@ _GLOBAL_STATE: dict[str, Callable[[Any], Any]] = {
 
 def _stageable(example_inputs: Any) -> bool:
     """Whether a graph's compile can wait for its first run: the global state Dynamo
-    saves is one this module can put back, and the trace made no symbol (a symbolic
-    size, a captured scalar: the backend's compile would add guards on it). The
-    guards AOTAutograd adds on how inputs alias, the staged graph checks itself."""
+    saves is one this module can put back, the trace made no symbol (a symbolic
+    size, a captured scalar: the backend's compile adds guards on it) and no two
+    inputs share storage (AOTAutograd adds guards on how they alias, and compiles
+    them through a synthetic base of the inputs it saw)."""
     context = torch._guards.TracingContext.try_get()
     state = getattr(getattr(context, "global_context", None), "global_state", None)
     if context is None or state is None or not set(state) <= set(_GLOBAL_STATE):
@@ -293,7 +280,8 @@ def _stageable(example_inputs: Any) -> bool:
     shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
     if shape_env is not None and getattr(shape_env, "var_to_range", None) != {}:
         return False  # a symbol, or a shape env this module cannot read
-    return all(isinstance(v, (torch.Tensor, int, float, bool)) or v is None for v in example_inputs)
+    plain = all(isinstance(v, (torch.Tensor, int, float, bool)) or v is None for v in example_inputs)
+    return plain and not _aliased(example_inputs)
 
 
 @contextlib.contextmanager
