@@ -48,16 +48,16 @@ def test_verify_capture_tries_the_next_candidate_when_the_kept_one_changes_the_p
     session = Session(load_target("demo"), pipeline.DEFAULT_RULES)
     tried = []
 
-    def differences_from(baseline, compiled=None):
+    def compared(baseline, compiled=None):
         tried.append(compiled)
-        return [] if compiled == (SCALAR,) else ["output: values differ"]
+        return ([] if compiled == (SCALAR,) else ["output: values differ"]), None
 
     with quiet():
         pipeline.observe_baseline(session)
         pipeline.discover(session)
         session.plain = session.current = session.before
         session.capture = Capture(flags=(SCALAR, DYNAMIC), notes=["measured"], fallbacks=((DYNAMIC,), (SCALAR,)))
-        monkeypatch.setattr(session, "differences_from", differences_from)
+        monkeypatch.setattr(session, "compared", compared)
         verification.verify_capture(session)
         expected_graphs = session.trial((SCALAR,)).graphs
     assert tried == [(SCALAR, DYNAMIC), (DYNAMIC,), (SCALAR,)]
@@ -84,7 +84,7 @@ def test_verify_capture_with_no_candidate_left_keeps_no_flag(monkeypatch):
         pipeline.discover(session)
         session.plain = session.current = session.before
         session.capture = Capture(flags=(SCALAR, DYNAMIC), notes=["measured"], fallbacks=((SCALAR,),))
-        monkeypatch.setattr(session, "differences_from", lambda baseline, compiled=None: ["output: values differ"])
+        monkeypatch.setattr(session, "compared", lambda baseline, compiled=None: (["output: values differ"], None))
         verification.verify_capture(session)
     assert session.capture.flags == () and session.capture.fallbacks == ()
     assert [n.split(":")[0] for n in session.capture.notes] == ["measured", f"{SCALAR} + {DYNAMIC}", SCALAR]
@@ -137,9 +137,8 @@ def test_verify_capture_keeps_a_flag_whose_only_difference_is_where_torch_warns_
         pipeline.discover(session)
         session.plain = session.current = session.before
         session.baseline = _warned(("/home/user/model.py", 286))
-        monkeypatch.setattr(session, "differences_from", lambda baseline, compiled=None: ["warnings: differ"])
         for place, kept in ((elsewhere, ()), (in_torch, (DYNAMIC,))):
-            monkeypatch.setattr(session, "observe", lambda in_region, compiled=None, place=place: _warned(place))
+            monkeypatch.setattr(session, "compared", lambda baseline, compiled=None, place=place: (["warnings: differ"], _warned(place)))
             session.capture = Capture(flags=(DYNAMIC,), notes=["measured"])
             verification.verify_capture(session)
             assert session.capture.flags == kept

@@ -118,7 +118,12 @@ def test_on_transformers_5_23_the_ci_subset_loses_most_of_its_breaks_every_mend_
     at least 85% of the breaks gone, every mend verified, outputs identical, none worse.
     hf:ctrl keeps its one break (issue 24's shared-storage check: `create_causal_mask`
     may hand back `inputs_embeds`, which is updated in place before the break and the
-    mask read after it), so 11 models are mended and verified."""
+    mask read after it), so 11 models are mended and verified. Breaks are counted by the
+    trace the compile keeps (issue 58), under torch.compile's automatic dynamic shapes:
+    SwitchTransformers' 19 are its plain graphs less one (counted with dynamic=False, a
+    recompile made it 20). The first call of each mended model compiles as many graphs as
+    the report's: a trace on a copy of a config would be traced again there
+    (`DynamicCache(config=...)` deep-copies it, guarding its identity)."""
     from graphmend.tools.survey import models_of, run_survey
 
     report = run_survey("transformers", models_of("transformers", long=False), timeout=600)
@@ -126,7 +131,8 @@ def test_on_transformers_5_23_the_ci_subset_loses_most_of_its_breaks_every_mend_
     rows = {r["model"]: r for r in report.rows}
     assert (totals["models"], totals["models_failed"], totals["models_breaking"]) == (13, 0, 12), totals
     assert (totals["mismatches"], totals["worse"], totals["verified"]) == (0, 0, 11), totals
-    assert (totals["breaks_before"], totals["breaks_after"]) == (101, 12) and totals["fix_rate"] >= 85.0, totals
+    assert (totals["breaks_before"], totals["breaks_after"]) == (100, 12) and totals["fix_rate"] >= 85.0, totals
+    assert (totals["graphs_plain"], totals["graphs_mended"]) == (113, 25), totals
     assert all(rows[f"hf:{name}"]["graphs_mended"] == 1 for name in ("xlm", "flaubert", "longt5")), rows
     assert (rows["hf:ctrl"]["graphs_mended"], rows["hf:ctrl"]["rules"]) == (2, []), rows["hf:ctrl"]
 

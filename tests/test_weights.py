@@ -2,6 +2,8 @@
 discover/weights.py): nothing of the model is copied twice, and nothing a run
 writes reaches the user's model."""
 
+import copy
+
 import pytest
 import torch
 
@@ -166,3 +168,83 @@ def test_compile_of_a_model_that_writes_its_weights_matches_eager_call_for_call(
             assert torch.equal(compiled(x), twin(x))
             assert torch.equal(model.lin.weight, twin.lin.weight)
     assert compiled.report.verified
+
+
+class Config:
+    """A plain configuration object, as transformers' are."""
+
+    def __init__(self):
+        self.scale = 2.0
+        self.sizes = [4, 4]
+        self.labels = {0: "a"}
+
+
+class CopiesConfig(Breaking):
+    """Its forward deep-copies its config (transformers' ``get_text_config``), which
+    makes Dynamo guard the config's identity."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = Config()
+
+    def forward(self, x):
+        config = copy.deepcopy(self.config)
+        return super().forward(x) * config.scale
+
+
+class CountsInConfig(CopiesConfig):
+    """Its forward changes its config: every call counts itself there."""
+
+    def forward(self, x):
+        self.config.sizes.append(len(self.config.sizes))
+        self.config.calls = getattr(self.config, "calls", 0) + 1
+        return super().forward(x)
+
+
+def test_a_copy_shares_the_plain_data_its_modules_hold_and_copies_tensors_in_it():
+    model = CopiesConfig()
+    model.extra = [torch.zeros(1)]  # holds a tensor: not plain data, copied
+    data = weights._Data.of(model)
+    twin = copy_of(model, share=True, data=data)
+    assert twin.config is model.config and twin.config.sizes is model.config.sizes
+    assert twin.extra is not model.extra and twin.extra[0] is not model.extra[0]
+
+
+def test_the_first_call_after_a_mend_of_a_model_that_copies_its_config_traces_nothing_again():
+    """The mend's last trace was made on a copy; had the copy its own config, Dynamo's
+    guard on the config's identity would fail on the user's model and the first call
+    would trace and compile the frame again (a graph more than the report's)."""
+    model, twin, x = CopiesConfig(), CopiesConfig(), torch.randn(2, 4)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = graphmend.compile(model, backend=counting)
+    with torch.no_grad():
+        out = compiled(x)
+        assert compiled.report.staged and compiled.report.after.graphs == 1
+        assert len(graphs) == 1
+        assert torch.equal(out, twin(x)) and torch.equal(compiled(x), twin(x)) and len(graphs) == 1
+    assert model.config.scale == 2.0 and model.config.sizes == [4, 4]
+
+
+def test_a_run_that_changes_the_shared_data_has_it_put_back_and_copies_copy_it_from_then_on(capsys):
+    model, twin, x = CountsInConfig(), CountsInConfig(), torch.randn(2, 4)
+    sizes = model.config.sizes
+    with private(Target("m", model, (x,))) as subject, torch.no_grad():
+        subject.model(*subject.args)
+        assert subject.model.config is model.config and model.config.calls == 1
+    assert vars(model.config) == vars(twin.config) and model.config.sizes is sizes
+    assert weights.shared_data(model) == []
+    with private(Target("m", model, (x,))) as subject, torch.no_grad():
+        assert subject.model.config is not model.config
+    # Mended and called twice, the config holds the user's two calls, no more.
+    report = graphmend.mend(model, x)
+    assert report.verified and not hasattr(model.config, "calls")
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(model(x), twin(x))
+    assert vars(model.config) == vars(twin.config) and model.config.calls == 2
+    capsys.readouterr()

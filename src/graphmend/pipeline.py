@@ -39,7 +39,7 @@ from graphmend.discover.explain import ExplainReport, explain_target
 from graphmend.discover.isolation import random_state_kept
 from graphmend.discover.sites import BreakSite
 from graphmend.discover.trace import tally
-from graphmend.errors import EagerFailure
+from graphmend.errors import CompileFailure, EagerFailure
 from graphmend.models.targets import Target
 from graphmend.passes import (
     capturing,
@@ -110,8 +110,23 @@ def observe_baseline(session: Session) -> None:
 
 
 def discover(session: Session) -> None:
-    session.before = session.current = explain_target(session.target, grad=session.grad, stage=session.stage)
+    session.before = session.current = explain_original(session)
     session.staged = session.state(()) if session.stage is not None else None
+
+
+def explain_original(session: Session) -> ExplainReport:
+    """The original's breaks, traced through the compile's backend (staged) where
+    that works. Where Dynamo fails under the compile's settings but not under a
+    counting trace's (torch 2.14's symbolic float formatted, pytorch #197093, under
+    automatic dynamic shapes), the session goes on unstaged: mended as a counting
+    trace sees the model, compiled afterwards as it would be without graphmend."""
+    try:
+        return explain_target(session.target, grad=session.grad, stage=session.stage)
+    except CompileFailure:
+        if session.stage is None:
+            raise
+        session.stage = None
+        return explain_target(session.target, grad=session.grad)
 
 
 def rewrite_rounds(session: Session) -> None:
@@ -224,7 +239,7 @@ def report_in_mode(
     )
     with random_state_kept():
         with mending.original_code():
-            session.before = explain_target(target, grad=grad, stage=stage)
+            session.before = explain_original(session)
             baseline = session.observe(in_region=False)
         session.current = session.retrace(session.capture.flags)
         taken = never_worse.take_back_worse(session, baseline if report.verified else None)

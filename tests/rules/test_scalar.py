@@ -380,9 +380,9 @@ def test_capture_alone_is_verified_compiled_and_dropped_on_a_difference(monkeypa
 
     def differs(self, baseline, compiled=None):
         seen.append(compiled)
-        return ["output: a made-up difference"] if compiled else []
+        return (["output: a made-up difference"] if compiled else []), None
 
-    monkeypatch.setattr(session.Session, "differences_from", differs)
+    monkeypatch.setattr(session.Session, "compared", differs)
     report = graphmend.mend(S.ItemKept(), S.item_inputs())
     assert seen == [(SCALAR,)]
     assert report.capture.flags == () and report.after.graphs == 2

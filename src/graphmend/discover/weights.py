@@ -20,12 +20,23 @@ is not read from source; it is watched:
   flag swapped (``param.data = ...``, ``.requires_grad_()``) is put back; a
   write in place, which the first run did not show and cannot be undone,
   raises :class:`ParameterWritten` (mending stops and is undone).
+
+The copy also shares the plain data its modules hold (a configuration object,
+a list of layer sizes: ``shared_data``), since Dynamo may guard their
+identity: ``copy.deepcopy(self.config)`` in a forward (transformers'
+``get_text_config``, which every ``DynamicCache(config=...)`` calls) guards
+the config by id, and a trace made on a copy of it would be traced again by
+the first call. Each run compares that data with a snapshot when it ends; a
+run that changed it has its snapshot put back (equal contents, the top-level
+objects the same), and from then on the model's copies copy it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import enum
+import types
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -38,6 +49,8 @@ from graphmend.models.targets import Target
 
 # The user's model -> whether its first run wrote a parameter (unknown: not in it).
 _WRITES: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+# The user's models one of whose runs changed the plain data its copies shared.
+_CHANGES_DATA: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class ParameterWritten(GraphmendError):
@@ -163,11 +176,160 @@ class Private(Target):
         return self.versions.get(id(tensor)) == tensor._version
 
 
-def copy_of(model: Any, share: bool) -> Any:
-    """``model`` copied, its parameters shared with it when ``share``."""
+# Values deepcopy returns as they are (its atomic types, enum members), and containers.
+_ATOMS = (
+    type(None), bool, int, float, complex, str, bytes, range, type, enum.Enum,
+    types.FunctionType, types.BuiltinFunctionType, torch.dtype, torch.device,
+)
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_DATA_LIMIT = 20_000  # values walked per module tree: past it, the rest is copied, as before
+
+
+def _plain_class(cls: type) -> bool:
+    """Instances keep their state in ``__dict__`` and deepcopy copies them by it."""
+    return (
+        not hasattr(cls, "__slots__")
+        and getattr(cls, "__deepcopy__", None) is None
+        and all(getattr(cls, m) is getattr(object, m) for m in ("__reduce_ex__", "__reduce__", "__getstate__"))
+    )
+
+
+class _Walk:
+    """Which values hold only plain data: atoms, containers of plain data and
+    objects of plain classes (no tensor, module or custom copy), each judged once."""
+
+    def __init__(self) -> None:
+        self.judged: dict[int, bool] = {}
+        self.budget = _DATA_LIMIT
+
+    def plain(self, value: Any) -> bool:
+        if isinstance(value, _ATOMS):
+            return True
+        if id(value) in self.judged:
+            return self.judged[id(value)]
+        self.budget -= 1
+        if self.budget < 0:
+            return False
+        self.judged[id(value)] = True  # a cycle back to it is judged by the rest
+        self.judged[id(value)] = verdict = self._parts_plain(value)
+        return verdict
+
+    def _parts_plain(self, value: Any) -> bool:
+        if type(value) in _CONTAINERS:
+            parts = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
+        elif isinstance(value, (torch.Tensor, torch.nn.Module)) or not hasattr(value, "__dict__"):
+            return False
+        elif not _plain_class(type(value)):
+            return False
+        else:
+            parts = list(vars(value).values())
+        return all(self.plain(part) for part in parts)
+
+
+def shared_data(model: Any) -> list[Any]:
+    """The mutable plain data the modules of ``model`` hold as attributes (a
+    config, a list of sizes), each once: what ``copy_of`` shares beside the
+    parameters. None once a run changed it (``_Data.put_back``)."""
+    if not isinstance(model, torch.nn.Module) or model in _CHANGES_DATA:
+        return []
+    found: dict[int, Any] = {}
+    walk = _Walk()
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name.startswith("_") or isinstance(value, (*_ATOMS, tuple, frozenset)) or id(value) in found:
+                continue
+            if walk.plain(value):
+                found[id(value)] = value
+    return list(found.values())
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Plain data ``a`` equal to its snapshot ``b``, value by value (too deep: not known to be)."""
+    if type(a) is not type(b) or depth > 50:
+        return False
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, _ATOMS):
+        return a is b or a == b
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, (set, frozenset)):
+        return a == b
+    return _same(vars(a), vars(b), depth + 1)
+
+
+def _snapshot(value: Any, pairs: dict[int, tuple[Any, Any]]) -> Any:
+    """A deep copy of plain data ``value``; ``pairs`` gets (original, copy) of each
+    mutable part, by the original's id."""
+    if isinstance(value, _ATOMS):
+        return value
+    if id(value) in pairs:
+        return pairs[id(value)][1]
+    if isinstance(value, (tuple, frozenset)):  # immutable: no cycle can pass through it
+        copied = type(value)(_snapshot(v, pairs) for v in value)
+    elif isinstance(value, (list, dict, set)):
+        copied = type(value)()
+        pairs[id(value)] = (value, copied)
+        if isinstance(value, dict):
+            copied.update((_snapshot(k, pairs), _snapshot(v, pairs)) for k, v in value.items())
+        else:
+            (copied.extend if isinstance(copied, list) else copied.update)(_snapshot(v, pairs) for v in value)
+        return copied
+    else:
+        copied = object.__new__(type(value))
+        pairs[id(value)] = (value, copied)
+        vars(copied).update({k: _snapshot(v, pairs) for k, v in vars(value).items()})
+        return copied
+    pairs[id(value)] = (value, copied)
+    return copied
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The plain data a copy shares, and a snapshot to compare it with after a run."""
+
+    values: list[Any]
+    pairs: dict[int, tuple[Any, Any]]  # id(original) -> (original, snapshot), each mutable part
+
+    @classmethod
+    def of(cls, model: Any) -> "_Data":
+        values = shared_data(model)
+        pairs: dict[int, tuple[Any, Any]] = {}
+        for value in values:
+            _snapshot(value, pairs)
+        return cls(values, pairs)
+
+    def put_back(self, model: Any) -> None:
+        """Changed data given its snapshot's contents, every part the same object it
+        was; the model's copies copy it from then on."""
+        if all(_same(value, self.pairs[id(value)][1]) for value in self.values):
+            return
+        back = {id(snap): original for original, snap in self.pairs.values()}
+
+        def original(v: Any) -> Any:
+            return back.get(id(v), v)
+
+        for value, snap in self.pairs.values():
+            if isinstance(value, list):
+                value[:] = [original(v) for v in snap]
+            elif isinstance(value, (dict, set)):
+                value.clear()
+                value.update({original(k): original(v) for k, v in snap.items()} if isinstance(snap, dict) else map(original, snap))
+            elif not isinstance(value, (tuple, frozenset)):
+                vars(value).clear()
+                vars(value).update({k: original(v) for k, v in vars(snap).items()})
+        with contextlib.suppress(TypeError):
+            _CHANGES_DATA.add(model)
+
+
+def copy_of(model: Any, share: bool, data: "_Data | None" = None) -> Any:
+    """``model`` copied, its parameters shared with it when ``share``, and ``data``'s values."""
     if not isinstance(model, torch.nn.Module):
         return model
     memo = {id(p): p for p in _parameters(model)} if share else {}
+    memo.update((id(v), v) for v in (data.values if data is not None else ()))
     return copy.deepcopy(model, memo)
 
 
@@ -180,14 +342,26 @@ def private(target: Target) -> Iterator[Target]:
     known = writes_parameters(model)
     share = known is not True
     try:
-        subject = copy_of(model, share)
+        data = _Data.of(model)
+        subject = copy_of(model, share, data)
         args, kwargs = copy.deepcopy((target.args, target.kwargs))
     except Exception:  # cannot be copied: used as is (the caller restores what it must)
         yield target
         return
     copied = Private(target.name, subject, args, kwargs, target.speculating)
-    if not share or not isinstance(model, torch.nn.Module):
-        yield copied
+    try:
+        with _sharing_parameters(model, copied, known if share else True):
+            yield copied
+    finally:
+        data.put_back(model)
+
+
+@contextlib.contextmanager
+def _sharing_parameters(model: Any, copied: Private, known: bool | None) -> Iterator[None]:
+    """The run in the block shares the parameters of ``model`` (unless ``known``
+    is True: they were copied): watched when ``known`` is None, checked after."""
+    if known is True or not isinstance(model, torch.nn.Module):
+        yield
         return
     held = [_Held.of(p) for p in _parameters(model)]
     copied.versions = {id(h.param): h.version for h in held}
@@ -195,7 +369,7 @@ def private(target: Target) -> Iterator[Target]:
         watch = _Watch([h.param for h in held])
         try:
             with watch:
-                yield copied
+                yield
         finally:
             watch.restore()
             for h in held:
@@ -204,7 +378,7 @@ def private(target: Target) -> Iterator[Target]:
                 _WRITES[model] = bool(watch.saved)
         return
     try:
-        yield copied
+        yield
     finally:
         for h in held:
             h.put_back()
@@ -212,6 +386,6 @@ def private(target: Target) -> Iterator[Target]:
         written = [name for name, p in model.named_parameters() if id(p) in changed]
         if written:  # raised in place of whatever the run raised: this is what matters
             raise ParameterWritten(
-                f"{target.name}: a run of the model wrote parameter {written[0]!r} in place, which its first run "
+                f"{copied.name}: a run of the model wrote parameter {written[0]!r} in place, which its first run "
                 "did not; mending runs the model on copies that share its parameters, so it stops here"
             )

@@ -69,9 +69,8 @@ def _compiled_differences(session: Session, flags: tuple[str, ...], notes: list[
     """How the program run through torch.compile with ``flags`` differs from eager;
     nothing where the only difference is the place torch's own warnings name (noted)."""
     assert session.baseline is not None
-    diff = session.differences_from(session.baseline, compiled=flags)
+    diff, flagged = session.compared(session.baseline, compiled=flags)  # one trace: it can be the compile's (staged)
     if diff and all(line.startswith("warnings:") for line in diff):
-        flagged = session.observe(in_region=True, compiled=flags)  # again, to see where each one was issued
         if relocated_by_compile(session.baseline, flagged, session.mending.memo_attrs):
             notes.append(f"{' + '.join(flags)}: verified; torch's own warnings name a frame inside torch where "
                          "eager names the model's line (same warnings, same order)")

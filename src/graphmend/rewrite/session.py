@@ -222,7 +222,13 @@ class Session:
     def differences_from(self, baseline: Observation, compiled: tuple[str, ...] | None = None) -> list[str]:
         """What the installed code does differently from ``baseline``; with
         ``compiled``, run through torch.compile with those capture flags."""
-        return compare(baseline, self.observe(in_region=True, compiled=compiled), memo_attrs=self.mending.memo_attrs)
+        return self.compared(baseline, compiled)[0]
+
+    def compared(self, baseline: Observation, compiled: tuple[str, ...] | None = None) -> tuple[list[str], Observation]:
+        """``differences_from``'s lines and the run they were read from (one run,
+        where a caller reads more of it: one trace, which can be the compile's)."""
+        observed = self.observe(in_region=True, compiled=compiled)
+        return compare(baseline, observed, memo_attrs=self.mending.memo_attrs), observed
 
     def trial(self, flags: tuple[str, ...] = ()) -> Trial:
         self.staged = None
