@@ -281,3 +281,40 @@ def test_inputs_sharing_storage_are_not_staged_and_run_as_eager():
     a, b = torch.ones(2, 4), torch.ones(2, 4)
     with torch.no_grad():
         assert bits_equal(compiled(a, a[0]), eager_model(b, b[0])) and bits_equal(a, b)
+
+
+def test_a_staged_discovery_trace_that_fails_leaves_the_mend_unstaged_as_before(monkeypatch, capsys):
+    """torch 2.14 and 2.15 fail tracing some programs under automatic dynamic shapes
+    (a symbolic float formatted, pytorch #197093) that a counting trace with
+    ``dynamic=False`` traces: the mend goes on through counting traces, unstaged,
+    and the first call compiles the mended code as without graphmend."""
+    from graphmend.discover import explain
+    from graphmend.rewrite import session
+
+    real = explain.trace_breaks
+    staged = []
+
+    def failing_when_staged(*args, stage=None, **kwargs):
+        staged.append(stage is not None)
+        if stage is not None:
+            raise torch._dynamo.exc.InternalTorchDynamoError("ValueError: Unknown format code 'f'")
+        return real(*args, **kwargs)
+
+    def recording(*args, stage=None, **kwargs):
+        staged.append(stage is not None)
+        return real(*args, stage=stage, **kwargs)
+
+    monkeypatch.setattr(explain, "trace_breaks", failing_when_staged)
+    monkeypatch.setattr(session, "trace_breaks", recording)
+    model, eager_model = Printed(), Printed()
+    backend = CountingBackend()
+    compiled = graphmend.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        out = compiled(x)
+        expected = eager_model(x)
+    report = compiled.report
+    assert staged == [True, False, False]  # discovery tried staged, then counted; the round's trace counted
+    assert report.before.graphs == 4 and report.after.graphs == 1 and report.verified and not report.staged
+    assert bits_equal(out, expected) and len(backend.graphs) == 1
+    assert capsys.readouterr().out.count("\n") == 4  # the user's two prints in each run, none of mending's
