@@ -248,3 +248,19 @@ def test_a_run_that_changes_the_shared_data_has_it_put_back_and_copies_copy_it_f
             assert torch.equal(model(x), twin(x))
     assert vars(model.config) == vars(twin.config) and model.config.calls == 2
     capsys.readouterr()
+
+
+def test_plain_data_past_the_walks_limit_is_copied_as_before():
+    model = CopiesConfig()
+    model.vocabulary = list(range(weights._DATA_LIMIT))
+    data = weights._Data.of(model)
+    twin = copy_of(model, share=True, data=data)
+    assert twin.config is model.config  # walked first, within the limit
+    assert twin.vocabulary is not model.vocabulary and twin.vocabulary == model.vocabulary
+
+
+def test_data_that_refers_back_to_itself_is_copied_as_before():
+    model = CopiesConfig()
+    model.config.parent = model.config
+    twin = copy_of(model, share=True, data=weights._Data.of(model))
+    assert twin.config is not model.config and twin.config.parent is twin.config

@@ -182,7 +182,7 @@ _ATOMS = (
     types.FunctionType, types.BuiltinFunctionType, torch.dtype, torch.device,
 )
 _CONTAINERS = (list, tuple, dict, set, frozenset)
-_DATA_LIMIT = 20_000  # values walked per module tree: past it, the rest is copied, as before
+_DATA_LIMIT = 20_000  # values walked per model: past it, the rest is copied, as before
 
 
 def _plain_class(cls: type) -> bool:
@@ -199,18 +199,18 @@ class _Walk:
     objects of plain classes (no tensor, module or custom copy), each judged once."""
 
     def __init__(self) -> None:
-        self.judged: dict[int, bool] = {}
+        self.judged: dict[int, bool | None] = {}
         self.budget = _DATA_LIMIT
 
     def plain(self, value: Any) -> bool:
+        self.budget -= 1  # atoms too: the snapshot and the comparison after each run walk them
+        if self.budget < 0:
+            return False
         if isinstance(value, _ATOMS):
             return True
         if id(value) in self.judged:
-            return self.judged[id(value)]
-        self.budget -= 1
-        if self.budget < 0:
-            return False
-        self.judged[id(value)] = True  # a cycle back to it is judged by the rest
+            return bool(self.judged[id(value)])  # None: being judged, a cycle (copied, as before)
+        self.judged[id(value)] = None
         self.judged[id(value)] = verdict = self._parts_plain(value)
         return verdict
 
