@@ -570,3 +570,29 @@ def test_a_capture_routes_again_above_someone_elses_wrapper():
         sys.stdout = lines
     assert effects.stdout.getvalue() == "second\n"
     assert proxy.text == "third\n" and lines.lines("MainThread") == ["third"]
+
+
+def test_a_thread_that_called_a_compiled_model_ends_with_no_dynamo_traceback_to_free(capsys):
+    """Dynamo keeps a traceback of each metric it set in the thread's metrics context
+    (torch never clears them), freed when the thread ends; two threads freeing them
+    at once can deadlock in torch (docs/torch-issues.md). The region's end frees them,
+    under graphmend's lock. The same compile through plain torch.compile keeps them."""
+    from torch._dynamo.utils import get_metrics_context
+
+    def kept_after(call):
+        left = []
+
+        def work():
+            with torch.no_grad():
+                call(torch.randn(2, 4))
+            left.append(len(get_metrics_context()._edits))
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        return left
+
+    assert kept_after(torch.compile(Chatty(), backend="eager"))[0] > 0  # what torch does alone
+    torch._dynamo.reset()
+    assert kept_after(graphmend.compile(Chatty(), backend="eager")) == [0]
+    capsys.readouterr()

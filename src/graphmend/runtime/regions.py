@@ -118,7 +118,23 @@ def region(speculating: bool = False) -> Iterator[None]:
                     raise Mispredicted(again=True)
                 flush(records)
         finally:
+            if outermost:
+                _forget_compile_tracebacks()
             _LOCK.release()
+
+
+def _forget_compile_tracebacks() -> None:
+    """Drop the tracebacks Dynamo's thread-local metrics context keeps of each
+    metric it set (torch 2.12-2.15 never clear them), here, under the regions'
+    lock, rather than when the thread ends: torch frees them holding a mutex
+    while a Dynamo weakref callback runs Python, and a thread that takes or frees
+    a traceback meanwhile, holding the GIL, deadlocks the process (two threads
+    that called a compiled model and end at once; docs/torch-issues.md)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    context = getattr(getattr(utils, "_metrics_context_tls", None), "metrics_context", None)
+    edits = getattr(context, "_edits", None)
+    if isinstance(edits, list) and edits and not context.in_progress():
+        edits.clear()
 
 
 def exclusive() -> Any:
