@@ -27,8 +27,8 @@ identity: ``copy.deepcopy(self.config)`` in a forward (transformers'
 ``get_text_config``, which every ``DynamicCache(config=...)`` calls) guards
 the config by id, and a trace made on a copy of it would be traced again by
 the first call. Each run compares that data with a snapshot when it ends; a
-run that changed it has its snapshot put back (equal contents, the top-level
-objects the same), and from then on the model's copies copy it.
+run that changed it has the snapshot's contents put back (every part the same
+object it was), and from then on the model's copies copy it.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class _Walk:
 def shared_data(model: Any) -> list[Any]:
     """The mutable plain data the modules of ``model`` hold as attributes (a
     config, a list of sizes), each once: what ``copy_of`` shares beside the
-    parameters. None once a run changed it (``_Data.put_back``)."""
+    parameters. Empty once a run changed it (``_Data.put_back``)."""
     if not isinstance(model, torch.nn.Module) or model in _CHANGES_DATA:
         return []
     found: dict[int, Any] = {}
@@ -269,20 +269,18 @@ def _snapshot(value: Any, pairs: dict[int, tuple[Any, Any]]) -> Any:
         return pairs[id(value)][1]
     if isinstance(value, (tuple, frozenset)):  # immutable: no cycle can pass through it
         copied = type(value)(_snapshot(v, pairs) for v in value)
-    elif isinstance(value, (list, dict, set)):
-        copied = type(value)()
         pairs[id(value)] = (value, copied)
-        if isinstance(value, dict):
-            copied.update((_snapshot(k, pairs), _snapshot(v, pairs)) for k, v in value.items())
-        else:
-            (copied.extend if isinstance(copied, list) else copied.update)(_snapshot(v, pairs) for v in value)
         return copied
+    copied = type(value)() if isinstance(value, (list, dict, set)) else object.__new__(type(value))
+    pairs[id(value)] = (value, copied)  # before the parts: a part that refers back finds it
+    if isinstance(value, dict):
+        copied.update((_snapshot(k, pairs), _snapshot(v, pairs)) for k, v in value.items())
+    elif isinstance(value, list):
+        copied.extend(_snapshot(v, pairs) for v in value)
+    elif isinstance(value, set):
+        copied.update(_snapshot(v, pairs) for v in value)
     else:
-        copied = object.__new__(type(value))
-        pairs[id(value)] = (value, copied)
         vars(copied).update({k: _snapshot(v, pairs) for k, v in vars(value).items()})
-        return copied
-    pairs[id(value)] = (value, copied)
     return copied
 
 
